@@ -1,0 +1,254 @@
+"""A result cache for sweeps: each point is computed once, kept on disk, and checked when read.
+
+    from earlyexit import store
+    df = store.cached("exit_rate", {"rule": "margin", "threshold": 0.9}, compute, model=lm)
+    table = store.sweep("exit_rate", [{"threshold": t} for t in (0.5, 0.7, 0.9)], point, model=lm)
+
+An entry's key hashes the experiment name, its parameters, the model's weights (SHA-256) and the
+code version (a hash of ``src/earlyexit/*.py``), so changing any of them computes afresh.
+
+On disk, under ``data/cache/<name>/``, an entry is two files:
+``<key>.csv`` (the table, readable by anything) and ``<key>.json`` (parameters, versions, column
+dtypes and the SHA-256 of the CSV). Both are written to a temporary name and renamed, the JSON
+last: an entry without its JSON, or whose CSV does not match the checksum, is not complete and is
+computed again. So a sweep killed at any moment resumes where it stopped, and a corrupted entry
+is detected instead of read.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+FORMAT = 1
+
+
+def atomic_write(path: os.PathLike, write: Callable) -> None:
+    """Call ``write(binary_file)`` on a temporary file beside ``path``, fsync it, rename it to ``path``.
+
+    A reader sees either the old file or the whole new one, never a part.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_bytes(path: os.PathLike, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
+
+
+def _plain(v: Any):
+    """JSON default: numpy scalars/arrays and paths as plain values, anything else as its repr."""
+    if hasattr(v, "item") and callable(v.item) and getattr(v, "ndim", 1) == 0:
+        return v.item()
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, (set, frozenset)):
+        return sorted(v, key=repr)
+    return repr(v)
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_plain, ensure_ascii=True)
+
+
+def weights_id(model) -> str | None:
+    """The weights SHA-256 of a LoadedModel, or a string given directly, or None."""
+    if model is None or isinstance(model, str):
+        return model
+    return getattr(model, "weights_sha256", None) or repr(model)
+
+
+def entry_key(name: str, params: Mapping, model=None, code: str | None = None) -> str:
+    from .provenance import code_version
+
+    blob = canonical({"format": FORMAT, "name": name, "params": dict(params),
+                      "weights_sha256": weights_id(model), "code_version": code or code_version()})
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _root(root) -> Path:
+    if root is not None:
+        return Path(root)
+    from . import paths
+
+    return getattr(paths, "CACHE", paths.DATA / "cache")
+
+
+def _check_name(name: str) -> None:
+    if not name or any(c in name for c in "/\\") or name.startswith("."):
+        raise ValueError(f"experiment name must be a plain file stem, got {name!r}")
+
+
+def _as_frame(result):
+    import pandas as pd
+
+    if isinstance(result, pd.DataFrame):
+        return result.reset_index(drop=True)
+    if isinstance(result, Mapping):
+        return pd.DataFrame([result])
+    if isinstance(result, (list, tuple)):
+        return pd.DataFrame(list(result))
+    raise TypeError(f"a cached computation must return a DataFrame, a dict (one row) or a list of "
+                    f"dicts; got {type(result).__name__}")
+
+
+def _encode(df) -> tuple[bytes, dict]:
+    if not all(isinstance(c, str) for c in df.columns):
+        raise TypeError(f"cached tables need string column names, got {list(df.columns)!r}")
+    csv = df.to_csv(index=False, lineterminator="\n").encode()
+    return csv, {c: str(t) for c, t in df.dtypes.items()}
+
+
+def _decode(csv: bytes, columns: list, dtypes: dict):
+    import pandas as pd
+
+    if not columns:
+        return pd.DataFrame()
+    numeric = {c: t for c, t in dtypes.items() if t.startswith(("int", "uint", "float", "bool"))}
+    text = [c for c in columns if c not in numeric]
+    # pandas 3 parses floats exactly by default (and deprecates the option); pandas 2 needs asking
+    exact = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
+    df = pd.read_csv(io.BytesIO(csv), keep_default_na=False, na_values={c: [""] for c in numeric},
+                     dtype={c: str for c in text}, **exact)
+    for c, t in numeric.items():
+        df[c] = df[c].astype(t)
+    return df[columns]
+
+
+class CorruptEntry(Exception):
+    pass
+
+
+def _load(csv_path: Path, meta_path: Path, key: str):
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise CorruptEntry(f"unreadable metadata ({e.__class__.__name__})") from None
+    if meta.get("key") != key or meta.get("format") != FORMAT:
+        raise CorruptEntry("metadata belongs to another entry")
+    try:
+        csv = csv_path.read_bytes()
+    except OSError:
+        raise CorruptEntry("table file missing") from None
+    if hashlib.sha256(csv).hexdigest() != meta.get("csv_sha256"):
+        raise CorruptEntry("table does not match its SHA-256")
+    try:
+        return _decode(csv, meta["columns"], meta["dtypes"])
+    except Exception as e:  # a checksum-valid file that does not parse is still unusable
+        raise CorruptEntry(f"table does not parse ({e.__class__.__name__}: {e})") from None
+
+
+def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=None, root=None,
+           refresh: bool = False):
+    """Return the table for (``name``, ``params``, ``model``), computing it with ``compute_fn()`` once.
+
+    ``compute_fn`` returns a DataFrame, a dict (one row) or a list of dicts. The value returned is
+    always the table as read back from disk, so a first run and a cached run give equal frames.
+    ``refresh=True`` recomputes and overwrites.
+    """
+    _check_name(name)
+    key = entry_key(name, params, model)
+    folder = _root(root) / name
+    csv_path, meta_path = folder / f"{key}.csv", folder / f"{key}.json"
+    if not refresh and meta_path.exists():
+        try:
+            return _load(csv_path, meta_path, key)
+        except CorruptEntry as e:
+            warnings.warn(f"cache entry {name}/{key} is corrupted ({e}); computing it again",
+                          RuntimeWarning, stacklevel=2)
+            for p in (meta_path, csv_path):
+                p.unlink(missing_ok=True)
+    df = _as_frame(compute_fn())
+    csv, dtypes = _encode(df)
+    from .provenance import code_version
+
+    meta = {"format": FORMAT, "key": key, "name": name, "params": json.loads(canonical(dict(params))),
+            "weights_sha256": weights_id(model), "code_version": code_version(),
+            "columns": list(df.columns), "dtypes": dtypes, "rows": len(df),
+            "csv_sha256": hashlib.sha256(csv).hexdigest()}
+    atomic_write_bytes(csv_path, csv)
+    atomic_write_bytes(meta_path, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+    out = _decode(csv, meta["columns"], dtypes)
+    if not _frames_equal(out, df):
+        warnings.warn(f"{name}: the table does not survive a CSV round trip exactly (mixed-type or "
+                      f"non-scalar columns?); the cached reading is returned", RuntimeWarning, stacklevel=2)
+    return out
+
+
+def _frames_equal(a, b) -> bool:
+    import pandas as pd
+
+    try:
+        pd.testing.assert_frame_equal(a, b, check_dtype=False, check_exact=True)
+        return True
+    except AssertionError:
+        return False
+
+
+def _progress_enabled() -> bool:
+    return os.environ.get("EARLYEXIT_PROGRESS", "1") not in ("0", "false", "no")
+
+
+def sweep(name: str, points: Iterable[Mapping], fn: Callable[..., Any], *, model=None,
+          desc: str | None = None, root=None, add_params: bool = True):
+    """Compute ``fn(**point)`` for each point through :func:`cached` and concatenate the tables.
+
+    With ``add_params`` the point's scalar parameters are prepended as columns (unless the result
+    already has them). Points already in the cache are read, not recomputed, so a killed sweep
+    resumes where it stopped. Progress goes to stderr (``EARLYEXIT_PROGRESS=0`` silences it).
+    """
+    import pandas as pd
+    from tqdm import tqdm
+
+    points = [dict(p) for p in points]
+    frames = []
+    bar = tqdm(points, desc=desc or name, unit="pt", file=sys.stderr, disable=not _progress_enabled(),
+               dynamic_ncols=True)
+    for point in bar:
+        df = cached(name, point, lambda point=point: fn(**point), model=model, root=root)
+        if add_params:
+            scalars = {k: v for k, v in point.items()
+                       if isinstance(v, (bool, int, float, str)) and k not in df.columns}
+            for i, (k, v) in enumerate(scalars.items()):
+                df.insert(i, k, v)
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True)
+
+
+def clear(name: str | None = None, root=None) -> int:
+    """Delete the cached entries of ``name`` (or all); return how many files were removed."""
+    base = _root(root)
+    folders = [base / name] if name else [p for p in base.iterdir() if p.is_dir()] if base.exists() else []
+    n = 0
+    for folder in folders:
+        for p in folder.glob("*"):
+            if p.is_file():
+                p.unlink()
+                n += 1
+    return n
