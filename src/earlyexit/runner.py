@@ -33,7 +33,6 @@ from . import paths
 from .provenance import code_version, git_info, software
 from .store import atomic_write_bytes, canonical
 
-TOC = paths.REPO_ROOT / "_toc.yml"
 GENERATED_PREFIX = "book/generated/"
 PROFILE_KEYS = {
     "description": "one line: what this profile is for and how long it takes",
@@ -55,9 +54,13 @@ class NotebookFailed(Exception):
 
 # ---------------------------------------------------------------------------------- toc / profiles
 
-def toc_notebooks(toc_path: Path = TOC) -> list[str]:
+def toc_path() -> Path:
+    return paths.REPO_ROOT / "_toc.yml"
+
+
+def toc_notebooks(path: Path | None = None) -> list[str]:
     """Names of the executed notebooks listed in the table of contents, in book order."""
-    toc = yaml.safe_load(Path(toc_path).read_text())
+    toc = yaml.safe_load(Path(path or toc_path()).read_text())
     found: list[str] = []
 
     def walk(node):
@@ -80,6 +83,12 @@ def toc_notebooks(toc_path: Path = TOC) -> list[str]:
 def available_profiles(profiles_dir: Path | None = None) -> list[str]:
     d = Path(profiles_dir or paths.PROFILES)
     return sorted(p.stem for p in d.glob("*.yml"))
+
+
+def _rel(p: Path) -> str:
+    """``p`` relative to the repository root where it lies inside it."""
+    p = Path(p)
+    return str(p.relative_to(paths.REPO_ROOT)) if p.is_relative_to(paths.REPO_ROOT) else str(p)
 
 
 def _suggest(name, valid) -> str:
@@ -155,8 +164,7 @@ def load_profile(name: str, profiles_dir: Path | None = None, notebooks: list[st
             lines = [ln.strip()[2:] for ln in str(e).splitlines() if ln.strip().startswith("- ")]
             problems += [f"notebooks: {nb}: {ln}" for ln in lines]
     if problems:
-        raise UsageError(f"profile {name!r} ({path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path}) "
-                         f"is invalid:\n  - " + "\n  - ".join(dict.fromkeys(problems)))
+        raise UsageError(f"profile {name!r} ({_rel(path)}) is invalid:\n  - " + "\n  - ".join(dict.fromkeys(problems)))
     return prof
 
 
@@ -228,7 +236,7 @@ def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progre
         cell = f"cell {e.exec_count}" if e.exec_count is not None else f"cell #{e.cell_index}"
         evalue = str(e.evalue).strip()
         raise NotebookFailed(f"notebook {name} failed at {cell}: {e.ename}: {evalue}\n"
-                             f"partial output kept at {failed.relative_to(paths.REPO_ROOT)}") from None
+                             f"partial output kept at {_rel(failed)}") from None
     except BaseException:
         if tmp.exists():
             os.replace(tmp, failed)
@@ -249,14 +257,17 @@ def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progre
 
 
 def build_html(strict: bool = True) -> int:
-    """``jupyter-book build . -W -n --keep-going`` with this interpreter's jupyter-book."""
+    """``jupyter-book build . --all -W -n --keep-going`` with this interpreter's jupyter-book.
+
+    ``--all`` starts from a fresh Sphinx environment, so a warning in an unchanged page is reported
+    again instead of hiding behind the previous build's cache.
+    """
     exe = Path(sys.executable).parent / "jupyter-book"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-c",
                                              "from jupyter_book.cli.main import main; main()"]
-    cmd += ["build", str(paths.REPO_ROOT)]
-    if strict:
-        cmd += ["-W", "-n", "--keep-going"]
-    print("$ jupyter-book build . " + ("-W -n --keep-going" if strict else ""), flush=True)
+    flags = ["--all"] + (["-W", "-n", "--keep-going"] if strict else [])
+    cmd += ["build", str(paths.REPO_ROOT), *flags]
+    print("$ jupyter-book build . " + " ".join(flags), flush=True)
     return subprocess.run(cmd, cwd=paths.REPO_ROOT).returncode
 
 
@@ -350,5 +361,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: jupyter-book build failed (exit code {rc}); see the warnings above", file=sys.stderr)
         return 1
     index = paths.REPO_ROOT / "_build" / "html" / "index.html"
-    print(f"book built in {time.perf_counter() - t_all:.0f} s: {index}")
+    print(f"book built in {time.perf_counter() - t_all:.0f} s; open it at\n{index}")
     return 0

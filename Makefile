@@ -1,0 +1,51 @@
+# Early exit vs the KV cache: two commands for a fresh clone.
+#   make book   set up .venv, fetch the model, execute every chapter (profile cpu), build _build/html
+#   make test   set up .venv, run the unit tests, then build the whole book on a tiny model
+#               (profile smoke) with Sphinx warnings as errors
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.earlyexit-installed
+PIP_VERSION := 26.3
+# torch==2.13.0 in requirements.lock is the CPU build. On the reference machines pip takes it from a
+# local wheel. Elsewhere name the CPU index, or pip fetches a CUDA build of several GB:
+#   make book TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+PIP_INSTALL = $(PY) -m pip install --quiet --disable-pip-version-check \
+              $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+
+.PHONY: help setup model book test clean
+
+help:
+	@echo "make book    set up .venv, fetch the model, run every chapter on the CPU, build _build/html"
+	@echo "make test    set up .venv, run pytest, then build the book on a tiny model (warnings as errors)"
+	@echo "make clean   remove _build/ and book/generated/ (executed notebooks)"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Exact pins only: a loose torch requirement could pull a CUDA build. The stamp makes a second run instant;
+# it is redone when requirements.lock or pyproject.toml changes.
+$(STAMP): requirements.lock pyproject.toml | $(PY)
+	$(PIP_INSTALL) pip==$(PIP_VERSION)
+	$(PIP_INSTALL) -r requirements.lock
+	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
+	@touch $@
+
+setup: $(STAMP)
+
+model: setup
+	@$(PY) -m earlyexit fetch-model >/dev/null
+
+book: model
+	$(PY) -m earlyexit book --profile cpu
+
+test: model
+	$(PY) -m pytest -q
+	$(PY) -m earlyexit book --profile smoke
+
+clean:
+	rm -rf _build book/generated
