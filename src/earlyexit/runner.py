@@ -19,6 +19,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -233,9 +234,10 @@ def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progre
     except PapermillExecutionError as e:
         if tmp.exists():
             os.replace(tmp, failed)
-        cell = f"cell {e.exec_count}" if e.exec_count is not None else f"cell #{e.cell_index}"
+        cell = f"cell [{e.exec_count}]" if e.exec_count is not None else f"cell #{e.cell_index}"
+        where = _failing_line(e)
         evalue = str(e.evalue).strip()
-        raise NotebookFailed(f"notebook {name} failed at {cell}: {e.ename}: {evalue}\n"
+        raise NotebookFailed(f"notebook {name} failed in {cell}{where}: {e.ename}: {evalue}\n"
                              f"partial output kept at {_rel(failed)}") from None
     except BaseException:
         if tmp.exists():
@@ -254,6 +256,14 @@ def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progre
     tmp.unlink(missing_ok=True)
     failed.unlink(missing_ok=True)
     return out
+
+
+def _failing_line(e) -> str:
+    """' line N `code`': the line of the notebook cell where the error was raised, from IPython's
+    traceback (its first '---->' marker is in the cell itself); '' if it cannot be found."""
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(getattr(e, "traceback", None) or []))
+    m = re.search(r"^-+>\s*(\d+)\s(.*)$", tb, flags=re.M)
+    return f" line {m.group(1)} `{m.group(2).strip()[:80]}`" if m else ""
 
 
 def build_html(strict: bool = True) -> int:

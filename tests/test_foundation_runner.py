@@ -1,0 +1,111 @@
+"""The runner on a throwaway book: parameters injected, up-to-date copies skipped, failures kept apart."""
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+
+from earlyexit import params, paths, runner
+from earlyexit.params import Param
+
+
+def _notebook(path, *sources):
+    nb = nbformat.v4.new_notebook()
+    cells = [nbformat.v4.new_code_cell(sources[0])]
+    cells[0].metadata["tags"] = ["parameters"]
+    cells += [nbformat.v4.new_code_cell(s) for s in sources[1:]]
+    nb.cells = [nbformat.v4.new_markdown_cell("# A test chapter")] + cells
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+@pytest.fixture
+def book(tmp_path, monkeypatch):
+    for sub in ("notebooks", "profiles", "book/generated"):
+        (tmp_path / sub).mkdir(parents=True)
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(paths, "NOTEBOOKS", tmp_path / "notebooks")
+    monkeypatch.setattr(paths, "GENERATED", tmp_path / "book" / "generated")
+    monkeypatch.setattr(paths, "PROFILES", tmp_path / "profiles")
+    (tmp_path / "_toc.yml").write_text(
+        "format: jb-book\nroot: intro\nchapters:\n"
+        "  - file: book/generated/zz_fail\n  - file: book/generated/zz_ok\n")
+    (tmp_path / "profiles" / "t.yml").write_text(
+        "description: test\ncommon: {model: tiny-llama}\nnotebooks:\n  zz_ok: {x: 5}\n")
+    _notebook(tmp_path / "notebooks" / "zz_ok.ipynb",
+              "x = 1  # a number\nmodel = 'smollm2-135m'",
+              # the kernel is another process: it declares the test schema itself
+              "from earlyexit import params\n"
+              "params.register('zz_ok', x=params.Param(int, 1, 'a number', range=(0, 9)))\n"
+              "P = params.check('zz_ok', globals())",
+              "print('x is', P.x, 'model', P.model)")
+    _notebook(tmp_path / "notebooks" / "zz_fail.ipynb",
+              "x = 1", "y = 2", "raise ValueError('boom at ' + str(x))", "print('never')")
+    params.register("zz_ok", x=Param(int, 1, "a number", range=(0, 9)))
+    params.register("zz_fail", x=Param(int, 1, "a number"))
+    yield tmp_path
+    params.SCHEMAS.pop("zz_ok", None)
+    params.SCHEMAS.pop("zz_fail", None)
+
+
+def _outputs(nb):
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_executes_with_profile_parameters_then_skips_until_rerun(book, capsys):
+    assert runner.main(["--profile", "t", "--only", "zz_ok", "--no-build"]) == 0
+    out_path = book / "book" / "generated" / "zz_ok.ipynb"
+    nb = nbformat.read(out_path, as_version=4)
+    assert "x is 5 model tiny-llama" in _outputs(nb)
+    meta = nb.metadata["earlyexit"]
+    assert meta["profile"] == "t" and meta["parameters"]["x"] == 5 and len(meta["run_hash"]) == 64
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert injected and "hide-cell" in injected[0].metadata["tags"]
+
+    capsys.readouterr()
+    mtime = out_path.stat().st_mtime_ns
+    assert runner.main(["--profile", "t", "--only", "zz_ok", "--no-build"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert out_path.stat().st_mtime_ns == mtime
+
+    assert runner.main(["--profile", "t", "--only", "zz_ok", "--no-build", "--rerun"]) == 0
+    assert out_path.stat().st_mtime_ns != mtime
+
+
+def test_failed_notebook_stops_names_the_error_and_keeps_partial_output_apart(book, capsys):
+    rc = runner.main(["--profile", "t", "--only", "zz_fail", "zz_ok", "--no-build"])
+    assert rc == 1
+    captured = capsys.readouterr()
+    err = "\n".join(ln for ln in captured.err.splitlines() if not ln.startswith("Executing"))
+    assert "error: notebook zz_fail failed in cell [4] line 1 `raise ValueError('boom at ' + str(x))`: " \
+           "ValueError: boom at 1" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+    gen = book / "book" / "generated"
+    assert not (gen / "zz_fail.ipynb").exists(), "a failed run must not leave a file at the final path"
+    assert not list(gen.glob(".*running*")), "temporary output left behind"
+    partial = nbformat.read(gen / "zz_fail.failed.ipynb", as_version=4)
+    assert any(o.get("ename") == "ValueError" for c in partial.cells if c.cell_type == "code"
+               for o in c.outputs)
+    assert "zz_ok" in runner.toc_notebooks()
+    assert not (gen / "zz_ok.ipynb").exists(), "the run must stop at the first failure"
+
+
+def test_profile_parameter_error_stops_before_any_work(book, capsys):
+    (book / "profiles" / "t.yml").write_text("notebooks:\n  zz_ok: {x: 12}\n")
+    assert runner.main(["--profile", "t", "--no-build"]) == 2
+    err = capsys.readouterr().err
+    assert "zz_ok: x: 12 is out of range [0, 9]" in err
+    assert not list((book / "book" / "generated").iterdir())
+
+
+def test_a_misspelt_papermill_parameter_fails_in_the_first_cell(book, capsys):
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError) as e:
+        pm.execute_notebook(str(book / "notebooks" / "zz_ok.ipynb"), str(book / "out.ipynb"),
+                            parameters={"xx": 3}, kernel_name="python3", progress_bar=False)
+    assert e.value.ename == "ValueError"
+    assert "unknown parameter 'xx' (did you mean 'x'?)" in e.value.evalue
+    json.loads((book / "out.ipynb").read_text())
