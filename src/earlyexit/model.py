@@ -230,7 +230,7 @@ def tiny_model(spec: str, seed: int = 0, vocab_size: int | None = None) -> torch
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if p.dim() == 2:
-                    p.normal_(0.0, 0.08 if "embed" not in name else 0.5)
+                    p.normal_(0.0, 0.15 if "embed" not in name else 0.3)
     return model.eval()
 
 
