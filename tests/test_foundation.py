@@ -300,5 +300,8 @@ def test_readme_shows_the_two_commands():
 
 
 def test_ci_script_runs_make_test():
+    import os
+
     text = (ROOT / ".ci" / "run").read_text()
+    assert os.access(ROOT / ".ci" / "run", os.X_OK)
     assert text.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in text and "make test" in text

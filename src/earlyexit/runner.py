@@ -42,6 +42,8 @@ PROFILE_KEYS = {
     "notebooks": "per-notebook parameters: {notebook name: {parameter: value}}",
     "timeout_s": "longest a single cell may run, in seconds (default: no limit)",
 }
+# jupyter_client starts the "python3" kernel with sys.executable, so notebooks run in this very
+# interpreter (the .venv that has earlyexit installed), whatever `python` is on PATH.
 KERNEL = "python3"
 
 
