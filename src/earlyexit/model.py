@@ -176,6 +176,11 @@ def _load_embedded_tokenizer():
     return AutoTokenizer.from_pretrained(conv)
 
 
+def prepare_embedded() -> Path:
+    """Fetch, verify and dequantize the embedded model once; return the folder later loads read."""
+    return _converted_dir()
+
+
 def _converted_dir() -> Path:
     """Dequantized copy of the GGUF (fp32 safetensors + tokenizer), built once and reused."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

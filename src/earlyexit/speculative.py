@@ -1,0 +1,159 @@
+"""LayerSkip self-speculative decoding (Elhoushi et al., 2024): draft with the first E layers,
+verify with the rest, over ONE shared KV cache. Lossless under greedy decoding.
+
+One round, with the last accepted token ``x`` at cache column ``c`` (not yet run):
+
+1. **Draft.** Run ``x`` and then each new draft token through layers 1..E only, reading the shared
+   head at layer E: drafts ``y_1..y_d``. Their layer-E hidden states are kept (the exit-query cache)
+   and their K/V are written at layers 1..E.
+2. **Verify.** Run ``y_d`` through layers 1..E too, then the chunk of columns ``c..c+d`` (``x,
+   y_1..y_d``) through layers E+1..L in one pass, starting from the kept layer-E states. This writes
+   the upper layers' K/V and gives the full model's predictions ``z_1..z_{d+1}``.
+3. **Accept** the longest prefix with ``y_i = z_i``, then emit ``z_{a+1}`` (the correction, or the bonus
+   token when all ``d`` drafts were accepted). Columns after the last accepted token are cut from the
+   cache; ``z_{a+1}`` becomes the next round's ``x``.
+
+Every emitted token is the full model's greedy prediction computed over an exact cache, so the
+output equals full-depth greedy decoding token for token.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .cache import COMPUTED
+from .decode import Engine
+from .exits import FullDepth
+from .fill import NaiveMask
+
+
+@dataclass
+class SpecTrace:
+    tokens: list[int]
+    rounds: int
+    drafted: int
+    accepted: int
+    layer_evals: int          # decoder-layer evaluations (token × layer), draft + verify
+    head_evals: int
+    wall_s: float
+    accepted_per_round: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / max(self.drafted, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+def _check(L: int, exit_layer, draft_len) -> None:
+    if not isinstance(exit_layer, int) or isinstance(exit_layer, bool) or not 1 <= exit_layer <= L - 1:
+        raise ValueError(f"exit_layer E must be an int in [1, {L - 1}] (L = {L}), got {exit_layer!r}")
+    if not isinstance(draft_len, int) or isinstance(draft_len, bool) or draft_len < 1:
+        raise ValueError(f"draft_len must be an int >= 1, got {draft_len!r}")
+
+
+@torch.inference_mode()
+def self_speculative(lm, prompt: list[int], max_new_tokens: int, exit_layer: int, draft_len: int, *,
+                     stop_at_eos: bool = True, progress: bool = False) -> SpecTrace:
+    """Greedy self-speculative decoding of one prompt; see the module docstring."""
+    model = lm.model if hasattr(lm, "tokenizer") else lm
+    cfg = model.config
+    L = cfg.num_hidden_layers
+    _check(L, exit_layer, draft_len)
+    if not prompt or not all(isinstance(i, int) and 0 <= i < cfg.vocab_size for i in prompt):
+        raise ValueError(f"prompt must be a non-empty list of token ids in [0, {cfg.vocab_size})")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    P = len(prompt)
+    cap = P + max_new_tokens + draft_len + 1
+    if cap > cfg.max_position_embeddings:
+        raise ValueError(f"prompt ({P}) + max_new_tokens ({max_new_tokens}) + draft_len + 1 exceeds the "
+                         f"model's context of {cfg.max_position_embeddings} tokens")
+    E, d = exit_layer, draft_len
+    eos = cfg.eos_token_id if stop_at_eos else None
+    eos_set = set(eos if isinstance(eos, (list, tuple)) else [eos]) if eos is not None else set()
+    eng = Engine(model, 1, cap, FullDepth(L), NaiveMask(), 1)
+    dev = next(model.parameters()).device
+    row = slice(None)
+    pos_all = torch.arange(cap, device=dev)[None]
+
+    def run(layers, h, cols):
+        cols_t = torch.as_tensor(cols)
+        cos, sin = eng.rope(h, pos_all[:, cols_t])
+        for l in layers:
+            h = eng.layer(l, h, row, cols_t if len(cols) > 1 else cols[0], cos, sin, COMPUTED, audit=False)
+        return h
+
+    t0 = time.perf_counter()
+    h = run(range(L), eng.embed(torch.tensor([prompt], device=dev)), list(range(P)))
+    x = int(eng.logits(h[:, -1]).argmax(-1))
+    out = [x]
+    stats = dict(rounds=0, drafted=0, accepted=0, layers=P * L, heads=1)
+    per_round = []
+    c = P
+    bar = tqdm(total=max_new_tokens, disable=not progress, desc=f"self-spec E={E} d={d}", leave=False)
+    bar.update(1)
+    while len(out) < max_new_tokens and not (eos_set and out[-1] in eos_set):
+        # 1. draft
+        drafts, h_exit = [], []
+        tok = x
+        for i in range(d):
+            hE = run(range(E), eng.embed(torch.tensor([[tok]], device=dev)), [c + i])
+            h_exit.append(hE)
+            tok = int(eng.logits(hE[:, -1]).argmax(-1))
+            drafts.append(tok)
+        # 2. verify: y_d through the lower layers, then all d+1 columns through the upper layers
+        h_exit.append(run(range(E), eng.embed(torch.tensor([[drafts[-1]]], device=dev)), [c + d]))
+        hv = run(range(E, L), torch.cat(h_exit, dim=1), list(range(c, c + d + 1)))
+        z = eng.logits(hv[0]).argmax(-1).tolist()               # z[i] = full prediction after column c+i
+        # 3. accept
+        a = 0
+        while a < d and drafts[a] == z[a]:
+            a += 1
+        new = drafts[:a] + [z[a]]
+        stats["rounds"] += 1
+        stats["drafted"] += d
+        stats["accepted"] += a
+        stats["layers"] += (d + 1) * E + (d + 1) * (L - E)
+        stats["heads"] += d + (d + 1)
+        per_round.append(a)
+        eng.cache.truncate(c + a + 1)
+        c += a + 1
+        for t in new:
+            if len(out) >= max_new_tokens:
+                break
+            out.append(t)
+            bar.update(1)
+            if eos_set and t in eos_set:
+                break
+        x = out[-1]
+    bar.close()
+    return SpecTrace(tokens=out, rounds=stats["rounds"], drafted=stats["drafted"],
+                     accepted=stats["accepted"], layer_evals=stats["layers"], head_evals=stats["heads"],
+                     wall_s=time.perf_counter() - t0, accepted_per_round=per_round)
+
+
+def hf_assistant_early_exit(lm, prompt: list[int], max_new_tokens: int, exit_layer: int, draft_len: int,
+                            *, stop_at_eos: bool = True) -> tuple[list[int], float]:
+    """The peer: transformers' own self-speculation, ``generate(assistant_early_exit=E)``, with a
+    constant draft length and its confidence cut-off disabled. Returns (tokens, wall seconds)."""
+    model = lm.model if hasattr(lm, "tokenizer") else lm
+    L = model.config.num_hidden_layers
+    _check(L, exit_layer, draft_len)
+    dev = next(model.parameters()).device
+    x = torch.tensor([prompt], device=dev)
+    kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+              assistant_early_exit=exit_layer, num_assistant_tokens=draft_len,
+              num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
+              pad_token_id=model.config.pad_token_id)
+    if not stop_at_eos:
+        kw["eos_token_id"] = None
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(x, **kw)
+    return out[0, len(prompt):].tolist(), time.perf_counter() - t0
