@@ -97,8 +97,9 @@ def _manual(model, x, kept_layers):
                           generator=torch.Generator())[3]
 
 
-def test_layer_dropout_is_per_sample_identity():
-    model = tiny().train()
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_layer_dropout_is_per_sample_identity(attn):
+    model = tiny(attn=attn).train()
     x = ids(batch=6, T=10)
     rates = torch.tensor([0.0, 0.5, 0.5, 0.5])
     with torch.no_grad():

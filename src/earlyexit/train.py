@@ -103,8 +103,8 @@ class TrainConfig:
     amp
         Autocast to bfloat16 on CUDA (weights and optimizer stay in the model's dtype). Ignored on CPU.
     train_embeddings
-        False freezes the (tied) embedding / LM head: saves its weight gradient on every exit head and its
-        AdamW state. The default trains everything, as LayerSkip does.
+        False freezes the (tied) embedding / LM head (``requires_grad_(False)``, in place): saves its weight
+        gradient on every exit head and its AdamW state. The default trains everything, as LayerSkip does.
     """
 
     steps: int = 100
@@ -429,7 +429,8 @@ def _save_checkpoint(checkpoint_dir: Path, model, opt, gen: torch.Generator, ste
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     older = sorted(p for p in checkpoint_dir.iterdir() if p.is_dir() and _CKPT.match(p.name))
-    for p in older[:-cfg.keep_checkpoints]:
+    stale = [p for p in checkpoint_dir.iterdir() if p.name.startswith(".tmp_step_")]  # from a killed run
+    for p in older[:-cfg.keep_checkpoints] + stale:
         shutil.rmtree(p, ignore_errors=True)
     return final
 
@@ -501,13 +502,13 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
     device = next(model.parameters()).device
     param = cfg.resolved_param(L)
     rates = layer_dropout_rates(L, cfg.p_max) if cfg.recipe else None
-    if cfg.recipe and cfg.e_scale == 0 and cfg.curriculum != "none":
-        pass  # the last layer is always enabled, so the weights never all vanish
-
     torch.manual_seed(cfg.seed)
     gen = torch.Generator(device="cpu")
     gen.manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=1e-8)
+    # fused AdamW: one kernel over all tensors; on 2 CPU cores ~6x faster than foreach for 135M params
+    fused = device.type in ("cpu", "cuda") and all(p.dtype.is_floating_point for p in model.parameters())
+    opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
+                            fused=fused or None)
     history = {"step": [], "loss": [], "final_ce": [], "lr": [], "n_exits": [], "seconds": [], "layer_ce": []}
     start = 0
 
