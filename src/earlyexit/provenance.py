@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -115,6 +116,60 @@ def collect(params: Mapping[str, Any] | None = None, model=None, notebook: str |
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     return record
+
+
+def set_determinism(seed: int = 0, *, warn_only: bool = True) -> dict:
+    """Seed Python, NumPy and torch with ``seed`` and ask torch for deterministic kernels.
+
+    Calls ``torch.use_deterministic_algorithms(True, warn_only=warn_only)``: an op without a
+    deterministic implementation warns (or, with ``warn_only=False``, raises) instead of silently
+    varying. Returns what it set, as JSON data for a notebook's provenance record. On CPU, with the
+    same software, thread count and inputs, a rerun gives the same bits. On CUDA some kernels have
+    no deterministic version; the record says so, and ``CUBLAS_WORKSPACE_CONFIG`` is set here only
+    if CUDA was not initialised yet (it has no effect afterwards).
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds every CUDA device too
+    cuda = torch.cuda.is_available()
+    notes = []
+    if cuda:
+        if not torch.cuda.is_initialized():
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        elif os.environ.get("CUBLAS_WORKSPACE_CONFIG") is None:
+            notes.append("CUDA was initialised before set_determinism: CUBLAS_WORKSPACE_CONFIG is unset, "
+                         "so cuBLAS matrix products may vary between runs")
+        notes.append("on CUDA some kernels (e.g. index_add, scatter_add, some attention backward passes) "
+                     "have no deterministic implementation; "
+                     + ("they warn and run anyway, so results may differ in the last bits between runs"
+                        if warn_only else "they raise an error"))
+    else:
+        notes.append("CPU only: reruns give the same bits for the same software versions, thread count "
+                     "and inputs")
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    return {
+        "seed": seed,
+        "seeded": ["python random", "numpy global", "torch (CPU and CUDA)"],
+        "torch_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_benchmark": False,
+        "cudnn_deterministic": True,
+        "torch_num_threads": torch.get_num_threads(),
+        "cuda": cuda,
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "pythonhashseed": os.environ.get("PYTHONHASHSEED"),
+        "bitwise_expected": not cuda,
+        "notes": notes,
+    }
 
 
 def rerun_command(notebook: str | None, profile: str | None) -> str:

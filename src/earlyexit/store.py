@@ -13,6 +13,10 @@ dtypes and the SHA-256 of the CSV). Both are written to a temporary name and ren
 last: an entry without its JSON, or whose CSV does not match the checksum, is not complete and is
 computed again. So a sweep killed at any moment resumes where it stopped, and a corrupted entry
 is detected instead of read.
+
+A point that runs out of memory (``torch.OutOfMemoryError``, CUDA's included, or ``MemoryError``)
+stops the sweep with a :class:`ResourceError` that names the point and what to lower; the points
+finished before it stay cached, and nothing of the failed one is written.
 """
 from __future__ import annotations
 
@@ -143,6 +147,42 @@ class CorruptEntry(Exception):
     pass
 
 
+class ResourceError(RuntimeError):
+    """A cached computation ran out of memory; the message names the point and what to lower."""
+
+
+DEFAULT_LOWER_HINT = "n_prompts, max_new_tokens or the batch size"
+_SIZE_KNOBS = ("n_prompts", "max_new_tokens", "batch_size", "batch", "max_prompt_tokens", "n_tokens",
+               "n_steps", "n_samples")
+
+
+def _oom_types() -> tuple:
+    """The out-of-memory exceptions to explain: MemoryError, and torch's if torch is loaded."""
+    types = [MemoryError]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        for t in (getattr(torch, "OutOfMemoryError", None),
+                  getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)):
+            if isinstance(t, type) and issubclass(t, BaseException) and t not in types:
+                types.append(t)
+    return tuple(types)
+
+
+def _oom_message(name: str, params: Mapping, err: BaseException, lower_hint: str | None) -> str:
+    shown = canonical(dict(params))
+    if len(shown) > 400:
+        shown = shown[:400] + "...}"
+    knobs = [f"{k}={params[k]!r}" for k in _SIZE_KNOBS if k in params]
+    hint = lower_hint or DEFAULT_LOWER_HINT
+    if knobs and not lower_hint:
+        hint = f"{hint} (this point has {', '.join(knobs)})"
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    where = "GPU" if "cuda" in type(err).__module__.lower() or "CUDA" in first else "memory"
+    return (f"{name}: ran out of {where} computing the point {shown}; lower {hint}, or run on a "
+            f"machine with more memory. Points finished before it are cached, so rerunning resumes "
+            f"here. ({type(err).__name__}: {first})")
+
+
 def _load(csv_path: Path, meta_path: Path, key: str):
     try:
         meta = json.loads(meta_path.read_text())
@@ -163,12 +203,14 @@ def _load(csv_path: Path, meta_path: Path, key: str):
 
 
 def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=None, root=None,
-           refresh: bool = False):
+           refresh: bool = False, lower_hint: str | None = None):
     """Return the table for (``name``, ``params``, ``model``), computing it with ``compute_fn()`` once.
 
     ``compute_fn`` returns a DataFrame, a dict (one row) or a list of dicts. The value returned is
     always the table as read back from disk, so a first run and a cached run give equal frames.
-    ``refresh=True`` recomputes and overwrites.
+    ``refresh=True`` recomputes and overwrites. If ``compute_fn`` runs out of memory, a
+    :class:`ResourceError` names the point and suggests lowering ``lower_hint`` (default: the
+    prompt count, generation length or batch size); the original error is its ``__cause__``.
     """
     _check_name(name)
     key = entry_key(name, params, model)
@@ -182,7 +224,11 @@ def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=N
                           RuntimeWarning, stacklevel=2)
             for p in (meta_path, csv_path):
                 p.unlink(missing_ok=True)
-    df = _as_frame(compute_fn())
+    try:
+        result = compute_fn()
+    except _oom_types() as e:
+        raise ResourceError(_oom_message(name, params, e, lower_hint)) from e
+    df = _as_frame(result)
     csv, dtypes = _encode(df)
     from .provenance import code_version
 
@@ -214,12 +260,14 @@ def _progress_enabled() -> bool:
 
 
 def sweep(name: str, points: Iterable[Mapping], fn: Callable[..., Any], *, model=None,
-          desc: str | None = None, root=None, add_params: bool = True):
+          desc: str | None = None, root=None, add_params: bool = True, lower_hint: str | None = None):
     """Compute ``fn(**point)`` for each point through :func:`cached` and concatenate the tables.
 
     With ``add_params`` the point's scalar parameters are prepended as columns (unless the result
     already has them). Points already in the cache are read, not recomputed, so a killed sweep
     resumes where it stopped. Progress goes to stderr (``EARLYEXIT_PROGRESS=0`` silences it).
+    A point that runs out of memory stops the sweep with a :class:`ResourceError` naming it and
+    what to lower (``lower_hint``); the points before it stay cached.
     """
     import pandas as pd
     from tqdm import tqdm
@@ -228,14 +276,18 @@ def sweep(name: str, points: Iterable[Mapping], fn: Callable[..., Any], *, model
     frames = []
     bar = tqdm(points, desc=desc or name, unit="pt", file=sys.stderr, disable=not _progress_enabled(),
                dynamic_ncols=True)
-    for point in bar:
-        df = cached(name, point, lambda point=point: fn(**point), model=model, root=root)
-        if add_params:
-            scalars = {k: v for k, v in point.items()
-                       if isinstance(v, (bool, int, float, str)) and k not in df.columns}
-            for i, (k, v) in enumerate(scalars.items()):
-                df.insert(i, k, v)
-        frames.append(df)
+    try:
+        for point in bar:
+            df = cached(name, point, lambda point=point: fn(**point), model=model, root=root,
+                        lower_hint=lower_hint)
+            if add_params:
+                scalars = {k: v for k, v in point.items()
+                           if isinstance(v, (bool, int, float, str)) and k not in df.columns}
+                for i, (k, v) in enumerate(scalars.items()):
+                    df.insert(i, k, v)
+            frames.append(df)
+    finally:
+        bar.close()  # a failing point leaves no dangling progress bar above its message
     if not frames:
         return pd.DataFrame()
     return pd.concat(frames, ignore_index=True)
