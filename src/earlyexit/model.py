@@ -191,6 +191,7 @@ def _converted_dir() -> Path:
     gguf = ensure_embedded()
     verify_sha256(gguf, GGUF_SHA256)  # a fresh copy is checked before anything is built from it
     tmp = Path(tempfile.mkdtemp(dir=conv.parent, prefix=".converting-"))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the converted model is ordinary data
     try:
         quant = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
