@@ -15,6 +15,15 @@ from earlyexit.train import (CURRICULA, SCALES, TrainConfig, curriculum_layers, 
 VOCAB = 256
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and do not stall when other jobs share the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def tiny(seed: int = 0, family: str = "llama", attn: str = "sdpa", layers: int = 4):
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
         Qwen2ForCausalLM
@@ -251,10 +260,10 @@ def test_early_exit_loss_is_weighted_sum_and_head_checkpoint_matches():
 def test_train_lowers_loss_recipe_and_baseline(tmp_path):
     for recipe in (True, False):
         model = tiny()
-        cfg = TrainConfig(steps=25, batch_size=4, seq_len=16, lr=3e-3, warmup=2, p_max=0.2, e_scale=1.0,
+        cfg = TrainConfig(steps=15, batch_size=4, seq_len=16, lr=5e-3, warmup=2, p_max=0.2, e_scale=1.0,
                           curriculum="rotational", curriculum_param=2, recipe=recipe)
         h = train(model, blocks_fn(4, 16), cfg, progress=False)
-        assert len(h["loss"]) == 25 and not model.training
+        assert len(h["loss"]) == 15 and not model.training
         assert sum(h["final_ce"][-5:]) < 0.7 * sum(h["final_ce"][:5])
         if recipe:
             assert h["n_exits"][:2] == [3, 2]  # rotational R=2 on 4 layers: {0,2,3}, {1,3}

@@ -406,15 +406,39 @@ def latest_checkpoint(checkpoint_dir: os.PathLike | None) -> Path | None:
     return found[-1][1] if found else None
 
 
+def _save_weights(model, directory: Path) -> None:
+    """``model.safetensors`` + ``config.json``, loadable by ``from_pretrained``.
+
+    Not ``save_pretrained``: it refuses models still carrying a quantizer (a GGUF loaded with
+    ``gguf_file=`` keeps one although its weights are dequantized). safetensors refuses tensors that share
+    storage, so tied weights (``lm_head.weight`` = ``model.embed_tokens.weight``) are written once, under
+    their first name; ``from_pretrained`` and :func:`load_checkpoint_weights` tie them again.
+    """
+    import copy
+
+    from safetensors.torch import save_file
+
+    out, seen = {}, set()
+    for k, v in model.state_dict().items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[k] = v.detach().contiguous()
+    save_file(out, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(directory)
+
+
 def _save_checkpoint(checkpoint_dir: Path, model, opt, gen: torch.Generator, step: int,
                      cfg: TrainConfig, history: dict) -> Path:
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir / f"step_{step:08d}"
     tmp = Path(tempfile.mkdtemp(dir=checkpoint_dir, prefix=".tmp_step_"))
     try:
-        # Weights: save_pretrained de-duplicates tied tensors (embed_tokens / lm_head) for safetensors
-        # and writes a config, so a checkpoint also loads with from_pretrained.
-        model.save_pretrained(tmp)
+        _save_weights(model, tmp)
         state = {"step": step, "optimizer": opt.state_dict(), "dropout_rng": gen.get_state(),
                  "torch_rng": torch.get_rng_state()}
         if torch.cuda.is_available():
@@ -486,7 +510,7 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
     If ``checkpoint_dir`` holds a checkpoint, training resumes after its step (its weights are loaded into
     ``model``; its config must match ``cfg`` except ``checkpoint_every`` / ``keep_checkpoints``). Checkpoints
     are written every ``cfg.checkpoint_every`` steps and after the last step, each as ``step_NNNNNNNN/`` with
-    ``model.safetensors`` + ``config.json`` (save_pretrained), ``train_state.pt`` (optimizer, step, RNG
+    ``model.safetensors`` + ``config.json`` (loadable by ``from_pretrained``), ``train_state.pt`` (optimizer, step, RNG
     states; plain tensors, loadable with ``torch.load(weights_only=True)``) and ``train_meta.json``.
 
     Returns the history: lists ``step``, ``loss`` (weighted J), ``final_ce`` (last layer's CE), ``lr``,
