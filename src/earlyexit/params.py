@@ -254,3 +254,85 @@ KV_CACHE_INVARIANT = register(
     cache_dtype_bytes=Param(int, 2, "bytes per cached number for the published models (2 = bf16)",
                             choices=(1, 2, 4)),
 )
+
+
+# --- chapters 02-05: early exit and the holes it leaves (issue 4) ------------------------------
+# Sizes shared by the four chapters: the same (prompt set, tokens, rule, strategy, threshold) point
+# is computed once and read from the result cache by the others.
+
+def _exit_chapter(**own: Param) -> dict:
+    shared = dict(
+        threads=Param(int, 1, "CPU threads for torch (0 = torch's default); on a shared 2-core machine one "
+                      "thread is fastest", range=(0, 256)),
+        prompt_kind=Param(str, "mix", "evaluation prompts: code, prose, instruction, a '+'-joined subset or mix"),
+        n_prompts=Param(int, 12, "prompts per point (one batch)", range=(1, 10_000)),
+        max_prompt_tokens=Param(int, 96, "longest prompt kept (tokens)", range=(8, 8192)),
+        max_new_tokens=Param(int, 32, "tokens generated per prompt", range=(2, 8192)),
+        rule=Param(str, "softmax", "confidence exit rule swept", choices=("softmax", "margin", "saturation")),
+        min_layer=Param(int, 0, "lowest layer a confidence rule may exit at (0 = half the depth)", range=(0, 1024)),
+        thresholds=Param(list, [0.5, 0.9, 0.99, 0.999], "thresholds of the rule swept", item=float,
+                         range=(1e-6, 1.0)),
+        operating_threshold=Param(float, 0.99, "the threshold used where one point stands for the rule",
+                                  range=(1e-6, 1.0)),
+        n_boot=Param(int, 2000, "bootstrap resamples for the 95% intervals", range=(100, 1_000_000)),
+    )
+    return {**shared, **own}
+
+
+NAIVE_COLLAPSE = register(
+    "02_naive_collapse",
+    doc="Naive early exit: the holes it leaves in the cache and what they cost.",
+    **_exit_chapter(
+        strategies=Param(list, ["naive-mask", "naive-undefined"], "the naive fill strategies compared",
+                         item=str, choices=("naive-mask", "naive-undefined")),
+        static_layers=Param(list, [20, 25, 28], "static-exit baseline layers (those above the depth are dropped)",
+                            item=int, range=(1, 1024)),
+        scene_prompt=Param(int, 8, "index of the prompt of the scene", range=(0, 10_000)),
+        scene_token=Param(int, 3, "generated token that exits early in the scene", range=(1, 8191)),
+        scene_exit=Param(int, 0, "its exit layer (0 = half the depth)", range=(0, 1024)),
+    ),
+)
+
+COPY_FORWARD = register(
+    "03_copy_forward",
+    doc="CALM's state propagation: copies in the holes, at what cost.",
+    **_exit_chapter(
+        strategies=Param(list, ["naive-mask", "copy-forward"], "strategies compared in the sweep", item=str,
+                         choices=("naive-mask", "naive-undefined", "copy-forward", "lazy-recompute")),
+        drift_kind=Param(str, "code+prose", "prompts of the long generations (they continue text)"),
+        drift_prompts=Param(int, 4, "prompts of the long generations", range=(1, 10_000)),
+        drift_tokens=Param(int, 96, "tokens of the long generations", range=(4, 8192)),
+        check_layers=Param(list, [15, 20, 25], "the few layers of the cheap confidence check", item=int,
+                           range=(1, 1024)),
+        decide_threshold=Param(float, 0.9, "threshold of the decision-cost comparison", range=(1e-6, 1.0)),
+        saturation_threshold=Param(float, 0.99, "threshold of the hidden-state saturation rule",
+                                   range=(1e-6, 1.0)),
+        timing_prompts=Param(int, 3, "prompts timed one by one at batch 1", range=(1, 10_000)),
+        timing_repeats=Param(int, 2, "timed runs per prompt (the fastest counts)", range=(1, 100)),
+    ),
+)
+
+LAZY_RECOMPUTE = register(
+    "04_lazy_recompute",
+    doc="Lazy recompute: exact output, and what it really saves.",
+    **_exit_chapter(
+        timing_prompts=Param(int, 3, "prompts timed one by one at batch 1", range=(1, 10_000)),
+        timing_repeats=Param(int, 2, "timed runs per prompt (the fastest counts)", range=(1, 100)),
+        audit_prompt=Param(int, 0, "prompt whose completed cache is compared with the full model's",
+                           range=(0, 10_000)),
+    ),
+)
+
+SKIPDECODE = register(
+    "05_skipdecode",
+    doc="SkipDecode: a schedule that never reads a hole, and batches.",
+    **_exit_chapter(
+        e_mins=Param(list, [10, 15, 20, 25], "SkipDecode's final budgets e_min swept (layers)", item=int,
+                     range=(1, 1024)),
+        warmup=Param(int, 1, "SkipDecode's warm-up layers (always run)", range=(0, 1024)),
+        batch_sizes=Param(list, [1, 4, 8], "batch sizes of the throughput comparison", item=int,
+                          range=(1, 4096)),
+        batch_e_min=Param(int, 20, "SkipDecode's e_min in the throughput comparison", range=(1, 1024)),
+        timing_repeats=Param(int, 2, "timed runs per configuration (the fastest counts)", range=(1, 100)),
+    ),
+)
