@@ -77,6 +77,6 @@ def test_oracle_with_lazy_recompute_is_the_full_model(lm, prompts):
 
 @pytest.mark.parametrize("E, d", [(8, 3), (16, 4), (24, 6)])
 def test_self_speculative_is_lossless(lm, prompts, E, d):
-    for ids in prompts[:4]:
-        full = generate(lm, [ids], 32, stop_at_eos=False).tokens[0].tolist()
-        assert self_speculative(lm, ids, 32, E, d, stop_at_eos=False).tokens == full
+    for ids in prompts[:2]:
+        full = generate(lm, [ids], 24, stop_at_eos=False).tokens[0].tolist()
+        assert self_speculative(lm, ids, 24, E, d, stop_at_eos=False).tokens == full
