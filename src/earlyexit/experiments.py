@@ -677,3 +677,47 @@ def flop_breakdown(lm, df: pd.DataFrame) -> pd.DataFrame:
 def head_in_layers(lm, ctx: int = 64) -> float:
     """How many decoder layers one evaluation of the shared head costs (FLOPs, at context ``ctx``)."""
     return metrics.head_flops(lm.config) / metrics.layer_flops(lm.config, ctx)
+
+
+# ----------------------------------------------------------------------------------- lazy recompute audit
+
+
+def lazy_audit(lm, ids: list[int], n_new: int, rule: str, rule_kw=None) -> dict:
+    """Decode one prompt with lazy recompute, complete the pending recomputes (``flush``) and compare
+    the whole cache with the full model's own cache over the same tokens.
+
+    Returns the entries pending before the flush, the holes left after it, the recomputed entries,
+    and the largest absolute difference of K and V from the full model's cache.
+    """
+    tr = generate(lm, [ids], n_new, rule=rule, strategy="lazy-recompute", rule_kw=_rule_args(rule_kw),
+                  stop_at_eos=False)
+    eng = tr.meta["engine"]
+    n = int(tr.n_new[0])
+    P, pad = tr.prompt_len, int(tr.pad[0])
+    T = len(ids) + n - 1
+    before = eng.cache.state[:, 0, pad: pad + T].clone()
+    eng.strategy.flush(eng)
+    after = eng.cache.state[:, 0, pad: pad + T]
+    seq = list(ids) + tr.tokens[0, : n - 1].tolist()
+    kt, vt = true_cache(lm, seq)
+    km = eng.cache.k[:, 0, :, pad: pad + T].float().cpu()
+    vm = eng.cache.v[:, 0, :, pad: pad + T].float().cpu()
+    return {"pending_before_flush": int((before == HOLE).sum()), "holes_after_flush": int((after == HOLE).sum()),
+            "recomputed_entries": int((after == RECOMPUTED).sum()), "entries": int(after.numel()),
+            "max_abs_k": float((km - kt).abs().max()), "max_abs_v": float((vm - vt).abs().max()),
+            "max_abs_ref": float(kt.abs().max())}
+
+
+# ----------------------------------------------------------------------------------- SkipDecode schedule
+
+
+def skip_schedule(L: int, n_new: int, e_max: int, e_min: int, horizon: int, warmup: int = 1) -> pd.DataFrame:
+    """The layers SkipDecode runs for each generated token t >= 1: rows (t, layer 1..L, runs, budget)."""
+    from .exits import make_rule
+
+    rule = make_rule("skipdecode", L, e_max=e_max, e_min=e_min, horizon=horizon, warmup=warmup)
+    rows = []
+    for t in range(1, n_new):
+        run = set(rule.layers(t))
+        rows += [{"t": t, "layer": l + 1, "runs": l in run, "budget": rule.budget(t)} for l in range(L)]
+    return pd.DataFrame(rows)
