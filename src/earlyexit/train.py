@@ -37,7 +37,7 @@ has its loss.
 
 Public API: :class:`TrainConfig`, :func:`train`, :func:`per_layer_agreement`, and the pieces the book
 plots or tests: :func:`layer_dropout_rates`, :func:`exit_loss_weights`, :func:`curriculum_layers`,
-:func:`forward_layers`, :func:`exit_logits`, :func:`lr_at`, :func:`latest_checkpoint`,
+:func:`forward_layers`, :func:`exit_logits`, :func:`early_exit_loss`, :func:`lr_at`, :func:`latest_checkpoint`,
 :func:`load_checkpoint_weights`.
 """
 from __future__ import annotations
