@@ -184,3 +184,13 @@ def test_set_threads_and_labels():
     assert ex.label("static", "naive-mask", {"layer": 3}) == "static@3"
     assert ex.label("softmax", "copy-forward", {"threshold": 0.9}) == "softmax 0.9 / copy-forward"
     assert ex.split_ints("1 2 3") == [1, 2, 3] and ex.split_ints(float("nan")) == []
+
+
+def test_time_replay_uses_the_recorded_exits(lm, es):
+    sub = es.subset(2)
+    df = ex.point(lm, sub, 6, "scripted", "naive-mask", {"exits": (6, 2, 6, 3)})
+    t = ex.time_replay(lm, sub, 6, df, "eager-recompute", repeats=1)
+    assert len(t) == 2 and (t["tok_s"] > 0).all()
+    assert np.allclose(t["layers"], lm.num_layers)          # eager runs every skipped layer at once
+    t2 = ex.time_replay(lm, sub, 6, df, "naive-mask", repeats=1)
+    assert (t2["layers"] < lm.num_layers).all()

@@ -657,6 +657,37 @@ def time_point(lm, es: EvalSet, n_new: int, rule: str = "full", strategy: str = 
     return df
 
 
+def time_replay(lm, es: EvalSet, n_new: int, df: pd.DataFrame, strategy: str, repeats: int = 2) -> pd.DataFrame:
+    """Batch-1 decoding speed (cached) of each prompt of ``es`` replaying the exit layers a point
+    table ``df`` recorded for it (rule "scripted"), with ``strategy``: the same exits, no exit test.
+    Separates what a fill strategy costs in wall time from what the exit rule's checks cost."""
+    L = lm.config.num_hidden_layers
+    scripts = {int(r["prompt"]): [L] + split_ints(r["exits"])[1:] for _, r in df.iterrows()}
+
+    def compute():
+        rows = []
+        for b in range(len(es)):
+            kw = {"exits": tuple(scripts[b][:n_new])}
+            best, best_pre, layers = math.inf, math.inf, 0.0
+            for _ in range(repeats):
+                pre = generate(lm, [es.ids[b]], 1, rule="full", stop_at_eos=False)
+                tr = generate(lm, [es.ids[b]], n_new, rule="scripted", strategy=strategy, rule_kw=kw,
+                              stop_at_eos=False)
+                best, best_pre = min(best, tr.wall_s), min(best_pre, pre.wall_s)
+                s = tr.valid().clone()
+                s[:, 0] = False
+                layers = float((tr.counts["layers_run"] + tr.counts["recompute_layers"])[s].mean())
+            rows.append({"prompt": b, "batch": 1, "wall_s": best, "prefill_s": best_pre,
+                         "tok_s": (n_new - 1) / max(best - best_pre, 1e-9), "layers": layers})
+        return rows
+
+    params = {"prompts": es.spec, "n_new": n_new, "strategy": strategy, "repeats": repeats,
+              "scripts": {str(b): scripts[b][:n_new] for b in range(len(es))}, "threads": torch.get_num_threads()}
+    out = store.cached("timing_replay", params, compute, model=lm)
+    out.insert(0, "strategy", strategy)
+    return out
+
+
 def flop_breakdown(lm, df: pd.DataFrame) -> pd.DataFrame:
     """Per row of a point table: the FLOPs per decoding step of decoder layers (own and recompute),
     K/V copies and head evaluations, as fractions of a full-depth step at the same context."""
