@@ -1,0 +1,9 @@
+"""Test-session settings.
+
+Torch runs on ONE thread in the tests: the models here are small (hidden size 64 to 576), a second
+thread buys little, and on a busy 2-core machine two threads that wait for each other made decoding
+10-40x slower (measured). Results do not depend on it: every test compares within one thread count.
+"""
+import torch
+
+torch.set_num_threads(1)
