@@ -349,7 +349,6 @@ def generate(lm, prompts, max_new_tokens: int, rule="full", strategy="naive-mask
     col_exit = torch.full((B, P + N), L, dtype=torch.long)
     all_logits = torch.zeros((B, N, logits.shape[-1]), dtype=torch.float32) if return_logits else None
     n_new = torch.zeros(B, dtype=torch.long)
-    alive = torch.ones(B, dtype=torch.bool)
     exit_layer[:, 0] = L
     eng.counts["layers_run"][:, 0] = L
     eng.counts["head_checks"][:, 0] = 1
@@ -372,7 +371,6 @@ def generate(lm, prompts, max_new_tokens: int, rule="full", strategy="naive-mask
         n_new[rows] = t + 1
         if eos_set:
             done = torch.tensor([int(x) in eos_set for x in pred.tolist()], dtype=torch.bool)
-            alive[rows[done]] = False
             rows = rows[~done]
             if len(rows) == 0:
                 break
