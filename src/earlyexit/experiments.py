@@ -752,3 +752,81 @@ def skip_schedule(L: int, n_new: int, e_max: int, e_min: int, horizon: int, warm
         run = set(rule.layers(t))
         rows += [{"t": t, "layer": l + 1, "runs": l in run, "budget": rule.budget(t)} for l in range(L)]
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------- self-speculation
+
+
+def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, repeats: int = 1,
+               peer: bool = True) -> pd.DataFrame:
+    """LayerSkip self-speculative decoding at (E, d) on every prompt of ``es`` (cached), timed side by side
+    with full-depth decoding (this engine) and, if ``peer``, with transformers'
+    ``generate(assistant_early_exit=E)`` at the same draft length: for each prompt and repeat the three run
+    back to back, ``n_new`` tokens each without stopping at EOS, and the fastest repeat counts.
+
+    One row per prompt: ``full_s``, ``spec_s``, ``hf_s`` (wall seconds, prompt pass included, the same for
+    all three), ``speedup`` (full_s / spec_s), ``vs_hf`` (hf_s / spec_s), ``lossless`` (our tokens equal
+    full depth's), ``hf_lossless``, ``acceptance`` (accepted / drafted), ``rounds``, ``tokens_per_round``,
+    ``layers`` (decoder-layer evaluations per generated token, draft + verify), ``heads`` (head evaluations
+    per generated token)."""
+    from .speculative import hf_assistant_early_exit, self_speculative
+
+    def compute():
+        rows = []
+        for b, ids in enumerate(es.ids):
+            best = {"full": math.inf, "spec": math.inf, "hf": math.inf}
+            for _ in range(repeats):
+                full = generate(lm, [ids], n_new, rule="full", stop_at_eos=False)
+                best["full"] = min(best["full"], full.wall_s)
+                sp = self_speculative(lm, ids, n_new, exit_layer, draft_len, stop_at_eos=False)
+                best["spec"] = min(best["spec"], sp.wall_s)
+                if peer:
+                    hf_tokens, hf_s = hf_assistant_early_exit(lm, ids, n_new, exit_layer, draft_len,
+                                                              stop_at_eos=False)
+                    best["hf"] = min(best["hf"], hf_s)
+            ref = full.sequences()[0]
+            rows.append({"prompt": b, "E": exit_layer, "d": draft_len, "n_new": len(sp.tokens),
+                         "full_s": best["full"], "spec_s": best["spec"],
+                         "hf_s": best["hf"] if peer else float("nan"),
+                         "lossless": bool(sp.tokens == ref),
+                         "hf_lossless": bool(hf_tokens == ref) if peer else None,
+                         "acceptance": sp.acceptance, "rounds": sp.rounds,
+                         "tokens_per_round": (len(sp.tokens) - 1) / max(sp.rounds, 1),
+                         "layers": sp.layer_evals / len(sp.tokens), "heads": sp.head_evals / len(sp.tokens)})
+        return rows
+
+    params = {"prompts": es.spec, "n_new": n_new, "E": exit_layer, "d": draft_len, "repeats": repeats,
+              "peer": peer, "threads": torch.get_num_threads()}
+    df = store.cached("spec_point", params, compute, model=lm)
+    df["speedup"] = df["full_s"] / df["spec_s"]
+    df["vs_hf"] = df["hf_s"] / df["spec_s"]
+    df["full_tok_s"] = df["n_new"] / df["full_s"]
+    df["spec_tok_s"] = df["n_new"] / df["spec_s"]
+    df["hf_tok_s"] = df["n_new"] / df["hf_s"]
+    return df
+
+
+@torch.inference_mode()
+def generated_agreement(lm, es: EvalSet, n_new: int) -> pd.DataFrame:
+    """Per prompt and layer, along the full model's own greedy output (teacher-forced): the fraction of
+    generated positions where the exit after that layer (final norm + shared head) predicts the full model's
+    next token. With E layers this is the chance that a one-token draft is accepted. Cached."""
+    from .train import exit_logits, forward_layers
+
+    full = full_depth(lm, es, n_new)
+
+    def compute():
+        rows = []
+        for b, ids in enumerate(es.ids):
+            gen = [int(t) for t in str(full.loc[full.prompt == b, "tokens"].iloc[0]).split()]
+            seq = torch.tensor([ids + gen], device=lm.device)
+            hs = forward_layers(lm.model, seq)
+            P_ = len(ids)
+            sl = slice(P_ - 1, P_ - 1 + len(gen))
+            final = exit_logits(lm.model, hs[len(hs) - 1][:, sl]).argmax(-1)
+            for l in range(len(hs)):
+                pred = exit_logits(lm.model, hs[l][:, sl]).argmax(-1)
+                rows.append({"prompt": b, "layer": l + 1, "agreement": float((pred == final).float().mean())})
+        return rows
+
+    return store.cached("generated_agreement", {"prompts": es.spec, "n_new": n_new}, compute, model=lm)
