@@ -241,6 +241,22 @@ def check(notebook: str, namespace: Mapping[str, Any]) -> Params:
 # to bottom by hand in Jupyter with them.
 # ---------------------------------------------------------------------------------------------
 
+INTRO = register(
+    "00_intro",
+    doc="The book's first page: the problem in one picture (one prompt's cache under each method).",
+    threads=Param(int, 1, "CPU threads for torch (0 = torch's default); on a shared 2-core machine one "
+                  "thread is fastest", range=(0, 256)),
+    prompt_kind=Param(str, "mix", "evaluation prompts: code, prose, instruction, a '+'-joined subset or mix"),
+    n_prompts=Param(int, 12, "size of the evaluation set the prompt is drawn from (the chapters' set)",
+                    range=(1, 10_000)),
+    max_prompt_tokens=Param(int, 96, "longest prompt kept (tokens)", range=(8, 8192)),
+    max_new_tokens=Param(int, 32, "tokens generated", range=(2, 8192)),
+    map_prompt=Param(int, 11, "index of the prompt drawn (clipped to the set)", range=(0, 10_000)),
+    warmup=Param(int, 1, "SkipDecode's warm-up layers (always run)", range=(0, 1024)),
+    skip_e_min=Param(int, 0, "SkipDecode's final budget e_min (0 = the one whose mean depth is closest "
+                     "to the oracle exits')", range=(0, 1024)),
+)
+
 KV_CACHE_INVARIANT = register(
     "01_kv_cache_invariant",
     doc="Why every layer keeps K/V for every token, and how big that cache is.",

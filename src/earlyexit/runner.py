@@ -11,6 +11,8 @@ A notebook whose executed copy already holds the same run hash (parameters, sour
 library code) is skipped unless ``--rerun``. A notebook is executed into a temporary file that is
 renamed into place only when every cell ran; a failure stops the run, names the notebook and the
 failing cell's error, and keeps the partial output at ``book/generated/<name>.failed.ipynb``.
+The run ends by checking that every figure the executed notebooks published has its PNG, PDF, SVG
+and JSON sidecar under figures/ (:func:`check_figures`); a missing one fails it.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import yaml
 
 from . import params as params_mod
 from . import paths
-from .provenance import code_version, git_info, software
+from .provenance import code_version, git_info, rerun_command, software
 from .store import atomic_write_bytes, canonical
 
 GENERATED_PREFIX = "book/generated/"
@@ -268,6 +270,59 @@ def _failing_line(e) -> str:
     return f" line {m.group(1)} `{m.group(2).strip()[:80]}`" if m else ""
 
 
+CITE_FILES = re.compile(r"figures/([^\s/,;'\"]+)\.json")
+
+
+def check_figures(notebook_names) -> list[str]:
+    """What is wrong with the figure files of the executed notebooks (an empty list if nothing).
+
+    Every figure a notebook publishes (``figures.publish``) is glued with a ``<key>_cite`` note that
+    names its files. Each must exist under figures/ as PNG, PDF and SVG, with a JSON sidecar that
+    holds 'rerun' and 'provenance' and was written by that notebook. Notebooks not executed yet are
+    skipped.
+    """
+    from .figures import FORMATS
+
+    problems = []
+    for name in notebook_names:
+        path = executed_path(name)
+        if not path.exists():
+            continue
+        try:
+            nb = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            problems.append(f"{name}: cannot read {_rel(path)}: {e}")
+            continue
+        rerun = "rebuild: " + rerun_command(name, nb.get("metadata", {}).get("earlyexit", {}).get("profile"))
+        for cell in nb.get("cells", []):
+            for out in cell.get("outputs", []):
+                book = out.get("metadata", {}).get("scrapbook", {})
+                if not str(book.get("name", "")).endswith("_cite"):
+                    continue
+                text = out.get("data", {}).get(book.get("mime_prefix", "") + "text/plain", "")
+                figs = CITE_FILES.findall(text)
+                if not figs:
+                    problems.append(f"{name}: glued note {book['name']!r} names no figures/<name>.json")
+                for fig in dict.fromkeys(figs):
+                    missing = [f"figures/{fig}.{ext}" for ext in (*FORMATS, "json")
+                               if not (paths.FIGURES / f"{fig}.{ext}").exists()]
+                    if missing:
+                        problems.append(f"{name}: figure {fig!r} has no {', '.join(missing)} ({rerun})")
+                        continue
+                    try:
+                        side = json.loads((paths.FIGURES / f"{fig}.json").read_text())
+                    except (OSError, ValueError) as e:
+                        problems.append(f"{name}: figures/{fig}.json is not readable JSON: {e} ({rerun})")
+                        continue
+                    lacks = [k for k in ("rerun", "provenance") if not side.get(k)]
+                    if lacks:
+                        problems.append(f"{name}: figures/{fig}.json lacks {', '.join(lacks)} ({rerun})")
+                    elif side["provenance"].get("notebook") not in (None, name):
+                        problems.append(f"{name}: figures/{fig}.json was written by notebook "
+                                        f"{side['provenance']['notebook']!r}: two notebooks publish one figure name")
+    return problems
+
+
 def build_html(strict: bool = True) -> int:
     """``jupyter-book build . --all -W -n --keep-going`` with this interpreter's jupyter-book.
 
@@ -278,6 +333,9 @@ def build_html(strict: bool = True) -> int:
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-c",
                                              "from jupyter_book.cli.main import main; main()"]
     flags = ["--all"] + (["-W", "-n", "--keep-going"] if strict else [])
+    index = paths.REPO_ROOT / "_build" / "html" / "index.html"
+    if index.exists() and index.stat().st_size < 500 and "http-equiv=\"Refresh\"" in index.read_text():
+        index.unlink()  # the redirect to the root page is written only when missing: renew it, the root may move
     cmd += ["build", str(paths.REPO_ROOT), *flags]
     print("$ jupyter-book build . " + " ".join(flags), flush=True)
     return subprocess.run(cmd, cwd=paths.REPO_ROOT).returncode
@@ -325,6 +383,15 @@ def _plan(args) -> tuple[Profile, list[str], list[str]]:
     return profile, names, selected
 
 
+def _figures_ok(names) -> bool:
+    """Report :func:`check_figures`'s problems on stderr; True when there are none."""
+    problems = check_figures(names)
+    if problems:
+        print("error: the figure files of the book are incomplete:\n  - " + "\n  - ".join(problems),
+              file=sys.stderr)
+    return not problems
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -356,8 +423,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{head}: done in {time.perf_counter() - t0:.0f} s", flush=True)
     if args.no_build:
-        print(f"executed in {time.perf_counter() - t_all:.0f} s; HTML not built (--no-build)")
-        return 0
+        if _figures_ok(selected):
+            print(f"executed in {time.perf_counter() - t_all:.0f} s; HTML not built (--no-build)")
+            return 0
+        return 1
     missing = [n for n in names if not executed_path(n).exists()]
     if missing:
         print(f"HTML not built: no executed copy yet of {', '.join(missing)} "
@@ -371,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     rc = build_html(strict=not args.no_strict)
     if rc != 0:
         print(f"error: jupyter-book build failed (exit code {rc}); see the warnings above", file=sys.stderr)
+        return 1
+    if not _figures_ok(names):
         return 1
     index = paths.REPO_ROOT / "_build" / "html" / "index.html"
     print(f"book built in {time.perf_counter() - t_all:.0f} s; open it at\n{index}")
