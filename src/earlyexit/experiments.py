@@ -73,6 +73,13 @@ class EvalSet:
         spec = {**self.spec, "take": n}
         return EvalSet(self.prompts[:n], self.ids[:n], self.refs[:n], spec)
 
+    def part(self, start: int, stop: int) -> "EvalSet":
+        """Prompts ``start..stop-1`` (e.g. a calibration half and a test half)."""
+        if not 0 <= start < stop <= len(self):
+            raise ValueError(f"part({start}, {stop}) is outside the {len(self)} prompts of this set")
+        spec = {**self.spec, "part": [start, stop]}
+        return EvalSet(self.prompts[start:stop], self.ids[start:stop], self.refs[start:stop], spec)
+
 
 def eval_set(lm, kind: str = "mix", n: int = 12, seed: int = 0, max_prompt_tokens: int = 96) -> EvalSet:
     """``n`` evaluation prompts (earlyexit.data) with ids and references, deterministic by seed."""
@@ -767,8 +774,8 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
     One row per prompt: ``full_s``, ``spec_s``, ``hf_s`` (wall seconds, prompt pass included, the same for
     all three), ``speedup`` (full_s / spec_s), ``vs_hf`` (hf_s / spec_s), ``lossless`` (our tokens equal
     full depth's), ``hf_lossless``, ``acceptance`` (accepted / drafted), ``rounds``, ``tokens_per_round``,
-    ``layers`` (decoder-layer evaluations per generated token, draft + verify), ``heads`` (head evaluations
-    per generated token)."""
+    ``layers`` (decoder-layer evaluations per decoding step, draft + verify, prompt pass excluded as for
+    every other method), ``heads`` (head evaluations per decoding step)."""
     from .speculative import hf_assistant_early_exit, self_speculative
 
     def compute():
@@ -789,10 +796,13 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
                          "full_s": best["full"], "spec_s": best["spec"],
                          "hf_s": best["hf"] if peer else float("nan"),
                          "lossless": bool(sp.tokens == ref),
-                         "hf_lossless": bool(hf_tokens == ref) if peer else None,
+                         "hf_lossless": bool(hf_tokens == ref) if peer else float("nan"),
                          "acceptance": sp.acceptance, "rounds": sp.rounds,
                          "tokens_per_round": (len(sp.tokens) - 1) / max(sp.rounds, 1),
-                         "layers": sp.layer_evals / len(sp.tokens), "heads": sp.head_evals / len(sp.tokens)})
+                         # per decoding step, like every other method: the prompt pass (which also
+                         # predicts token 0) is left out
+                         "layers": (sp.layer_evals - len(ids) * lm.num_layers) / max(len(sp.tokens) - 1, 1),
+                         "heads": (sp.head_evals - 1) / max(len(sp.tokens) - 1, 1)})
         return rows
 
     params = {"prompts": es.spec, "n_new": n_new, "E": exit_layer, "d": draft_len, "repeats": repeats,

@@ -113,3 +113,33 @@ def save_figure(fig, name: str, provenance: Mapping | None = None, *, directory:
                                           .encode() + b"\n"))
     out["json"] = path
     return out
+
+
+def cite_note(name: str, provenance: Mapping | None = None) -> str:
+    """One line for a caption: where the figure's files are and the command that rebuilds them."""
+    from .provenance import rerun_command
+
+    prov = dict(provenance or {})
+    return (f"Files: figures/{name}.pdf, .svg, .png; provenance and parameters: figures/{name}.json. "
+            f"Rebuild: {rerun_command(prov.get('notebook'), prov.get('profile'))}")
+
+
+def publish(fig, name: str, provenance: Mapping | None = None, *, key: str | None = None,
+            close: bool = True) -> dict:
+    """Save ``fig`` (see :func:`save_figure`) and glue it for the book.
+
+    Glues the figure under ``key`` (default ``name``) for a ``{glue:figure}`` directive, and the caption's
+    cite / rerun line (:func:`cite_note`) as text under ``<key>_cite``. Closes the figure unless ``close``
+    is False. Returns what :func:`save_figure` returns.
+    """
+    from myst_nb import glue
+
+    out = save_figure(fig, name, provenance)
+    key = key or name
+    glue(key, fig, display=False)
+    glue(f"{key}_cite", cite_note(name, provenance), display=False)
+    if close:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    return out

@@ -352,3 +352,89 @@ SKIPDECODE = register(
         timing_repeats=Param(int, 2, "timed runs per configuration (the fastest counts)", range=(1, 100)),
     ),
 )
+
+
+# --- chapters 06-07: LayerSkip (issue 5) --------------------------------------------------------
+# The training parameters live in chapter 6's schema only; chapters 7 and 8 load the checkpoints that the
+# same profile's chapter-6 parameters define (earlyexit.trained.recipes_for_profile).
+
+TRAINING = register(
+    "06_training",
+    doc="Training for early exit: LayerSkip's recipe, continual pre-training and a from-scratch pair.",
+    threads=Param(int, 2, "CPU threads for torch (0 = torch's default); training uses big matrices, so "
+                  "both cores help", range=(0, 256)),
+    steps=Param(int, 40, "optimizer steps of the continual pre-training of the model", range=(1, 10_000_000)),
+    batch_size=Param(int, 4, "sequences per step", range=(1, 65_536)),
+    seq_len=Param(int, 256, "tokens per sequence", range=(2, 65_536)),
+    lr=Param(float, 1e-4, "peak learning rate (AdamW, cosine decay to a tenth)", range=(1e-8, 0.5)),
+    warmup=Param(int, 5, "linear warm-up steps", range=(0, 10_000_000)),
+    p_max=Param(float, 0.1, "layer dropout rate of the last layer, p_l = p_max(2^(l/(L-1))-1); in [0, 1)",
+                range=(0.0, 0.999999)),
+    e_scale=Param(float, 1.0, "early-exit loss scale of the layers below the last", range=(0.0, 1e6)),
+    scale=Param(str, "sum", "per-layer early-exit loss scale e(l)", choices=("uniform", "linear", "sum")),
+    curriculum=Param(str, "rotational", "which layers get the early-exit loss at a step",
+                     choices=("none", "rotational", "gradual")),
+    curriculum_param=Param(int, 8, "R of the rotational curriculum (every R-th layer, rotating), or k "
+                           "steps per layer of the gradual one", range=(1, 1_000_000)),
+    train_embeddings=Param(bool, False, "also train the tied embedding / shared head (False: the head stays "
+                           "the pretrained one and the layers learn to be read by it)"),
+    checkpoint_every=Param(int, 10, "write a resumable checkpoint every N steps", range=(0, 10_000_000)),
+    scratch_config=Param(str, "llama-8x64", "config of the from-scratch pair",
+                         choices=("llama-8x64", "llama-8x128", "llama-4x64")),
+    scratch_steps=Param(int, 120, "optimizer steps of each from-scratch model", range=(1, 10_000_000)),
+    scratch_batch_size=Param(int, 8, "sequences per step, from scratch", range=(1, 65_536)),
+    scratch_seq_len=Param(int, 128, "tokens per sequence, from scratch", range=(2, 65_536)),
+    scratch_lr=Param(float, 1e-3, "peak learning rate, from scratch", range=(1e-8, 0.5)),
+    scratch_rotation=Param(int, 4, "R of the rotational curriculum, from scratch", range=(1, 1_000_000)),
+    eval_blocks=Param(int, 8, "held-out blocks for per-layer agreement and perplexity", range=(1, 100_000)),
+    eval_seq_len=Param(int, 256, "tokens per held-out block", range=(2, 65_536)),
+    n_boot=Param(int, 2000, "bootstrap resamples for the 95% intervals", range=(100, 1_000_000)),
+)
+
+SELF_SPECULATIVE = register(
+    "07_self_speculative",
+    doc="LayerSkip self-speculative decoding on the trained model: lossless, and how fast.",
+    **_exit_chapter(
+        spec_prompts=Param(int, 4, "prompts of the speed map, each decoded on its own (batch 1)",
+                           range=(1, 10_000)),
+        exit_layers=Param(list, [15, 20, 25], "draft depths E swept (each in [1, L-1])", item=int,
+                          range=(1, 1024)),
+        draft_lens=Param(list, [2, 4], "draft lengths d swept (tokens drafted a round)", item=int,
+                         range=(1, 64)),
+        timing_repeats=Param(int, 1, "timed runs per prompt and method (the fastest counts)", range=(1, 100)),
+        peer=Param(bool, True, "also time transformers' generate(assistant_early_exit=E) at every point"),
+        strategy_thresholds=Param(list, [0.9, 0.99], "thresholds of the cache strategies re-run on the trained "
+                                  "model", item=float, range=(1e-6, 1.0)),
+    ),
+)
+
+COMPARISON = register(
+    "08_comparison",
+    doc="Every method on every model: which fix, at what cost; error split; calibrated thresholds.",
+    **_exit_chapter(
+        static_layers=Param(list, [20, 25, 28], "static-exit layers of the embedded model (scaled for others)",
+                            item=int, range=(1, 1024)),
+        e_mins=Param(list, [10, 15, 20, 25], "SkipDecode's final budgets (scaled for other depths)", item=int,
+                     range=(1, 1024)),
+        trained_thresholds=Param(list, [0.9, 0.99], "confidence thresholds on the trained and scratch models",
+                                 item=float, range=(1e-6, 1.0)),
+        spec_prompts=Param(int, 4, "prompts of the self-speculation points (chapter 7's)", range=(1, 10_000)),
+        exit_layers=Param(list, [15, 20, 25], "self-speculation draft depths (chapter 7's; scaled for others)",
+                          item=int, range=(1, 1024)),
+        draft_lens=Param(list, [2, 4], "self-speculation draft lengths (chapter 7's)", item=int, range=(1, 64)),
+        timing_repeats=Param(int, 1, "timed runs of self-speculation (chapter 7's)", range=(1, 100)),
+        batch_sizes=Param(list, [1, 8], "batch sizes of the batching argument in the closing section", item=int,
+                          range=(1, 4096)),
+        target=Param(float, 0.95, "consistency a method must reach for the summary table", range=(0.0, 1.0)),
+        models=Param(list, ["released", "trained", "scratch-baseline", "scratch-layerskip"], "models compared",
+                     item=str, choices=("released", "trained", "scratch-baseline", "scratch-layerskip")),
+        ltt_model=Param(str, "trained", "model whose threshold is calibrated", choices=("released", "trained")),
+        ltt_strategy=Param(str, "copy-forward", "cache strategy of the calibrated method",
+                           choices=("naive-mask", "naive-undefined", "copy-forward", "lazy-recompute")),
+        ltt_prompts=Param(int, 32, "prompts for calibration and test (split in half)", range=(4, 100_000)),
+        ltt_thresholds=Param(list, [0.999, 0.99, 0.95, 0.9], "thresholds tested after 1.0, downwards", item=float,
+                             range=(1e-6, 1.0)),
+        epsilon=Param(float, 0.25, "risk tolerance: mean 1 - ROUGE-L vs the full model allowed", range=(1e-6, 0.999999)),
+        delta=Param(float, 0.1, "failure probability of the guarantee", range=(1e-6, 0.999999)),
+    ),
+)

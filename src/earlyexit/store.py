@@ -245,6 +245,12 @@ def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=N
     return out
 
 
+def has(name: str, params: Mapping, *, model=None, root=None) -> bool:
+    """Whether an entry for (``name``, ``params``, ``model``) is on disk (it may still fail its checksum)."""
+    _check_name(name)
+    return (_root(root) / name / f"{entry_key(name, params, model)}.json").exists()
+
+
 def _frames_equal(a, b) -> bool:
     import pandas as pd
 

@@ -1,0 +1,228 @@
+"""trained.py (checkpoints keyed by their recipe) and compare.py (the comparison chapter's tables)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from earlyexit import compare, metrics, paths, params
+from earlyexit import experiments as ex
+from earlyexit import trained as tr
+from earlyexit.train import TrainConfig
+
+N = 6
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory, monkeypatch):
+    root = tmp_path_factory.getbasetemp() / "cache"
+    monkeypatch.setattr(paths, "CACHE", root)
+    return root
+
+
+def small(**kw):
+    base = dict(steps=3, batch_size=2, seq_len=16, warmup=1, curriculum_param=2, checkpoint_every=1)
+    return TrainConfig(**{**base, **kw})
+
+
+# ---------------------------------------------------------------------------------------- trained.py
+
+def test_key_depends_on_what_changes_the_weights_only():
+    r = tr.Recipe("tiny-llama", small())
+    assert r.key() == tr.Recipe("tiny-llama", small()).key()
+    # checkpoint cadence does not change the weights, so not the key
+    assert r.key() == tr.Recipe("tiny-llama", small(checkpoint_every=7, keep_checkpoints=3)).key()
+    others = [tr.Recipe("tiny-llama", small(lr=2e-4)), tr.Recipe("tiny-llama", small(recipe=False)),
+              tr.Recipe("tiny-llama", small(p_max=0.2)), tr.Recipe("tiny-llama", small(), data_seed=1),
+              tr.Recipe("tiny-qwen2", small()), tr.Recipe("scratch:llama-4x64", small())]
+    keys = {o.key() for o in others}
+    assert r.key() not in keys and len(keys) == len(others)
+    assert r.directory().parent == tr.CHECKPOINTS
+    assert r.directory().name.startswith("tiny-llama-layerskip-")
+
+
+def test_bad_recipes_fail_before_any_work():
+    with pytest.raises(ValueError, match="unknown scratch config 'nope'.*scratch:llama-8x64"):
+        tr.Recipe("scratch:nope", small())
+    with pytest.raises(TypeError, match="TrainConfig"):
+        tr.Recipe("tiny-llama", {"steps": 3})
+    with pytest.raises(ValueError, match=r"p_max must be in \[0, 1\)"):
+        small(p_max=1.0)
+    with pytest.raises(ValueError, match="unknown curriculum 'spiral'; valid: none, rotational, gradual"):
+        small(curriculum="spiral")
+
+
+def test_batches_are_deterministic_in_any_order():
+    from earlyexit.model import _load_embedded_tokenizer
+
+    tok = _load_embedded_tokenizer()
+    a, b = tr.Batches(tok, 2, 16, seed=0), tr.Batches(tok, 2, 16, seed=0)
+    late_first = b(3)
+    assert torch.equal(a(0), b(0)) and torch.equal(a(3), late_first)
+    assert a(1).shape == (2, 16) and a(1).dtype == torch.long
+    assert not torch.equal(a(1), a(2))
+
+
+def test_ensure_trains_once_then_reuses_and_load_gives_those_weights(tmp_path):
+    r = tr.Recipe("tiny-llama", small())
+    run = tr.ensure(r, root=tmp_path, progress=False)
+    assert run.trained_now and run.checkpoint.name == "step_00000003"
+    assert len(run.history["step"]) == 3 and tr.is_complete(r, tmp_path)
+    meta = json.loads((run.checkpoint.parent / "recipe.json").read_text())
+    assert meta["key"] == r.key()
+    again = tr.ensure(r, root=tmp_path, progress=False)
+    assert not again.trained_now and again.history["loss"] == run.history["loss"]
+    lm = tr.load(r, device="cpu", root=tmp_path)
+    from earlyexit.model import load_model
+
+    base = load_model("tiny-llama")
+    changed = [k for k, v in lm.model.state_dict().items() if not torch.equal(v, base.model.state_dict()[k])]
+    assert changed, "the trained weights must differ from the base model's"
+    assert lm.weights_sha256 != base.weights_sha256 and lm.extra["train_key"] == r.key()
+    assert tr.history_frame(run)["step"].tolist() == [1, 2, 3]
+
+
+def test_load_without_training_names_the_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match="python -m earlyexit train --profile"):
+        tr.load(tr.Recipe("tiny-llama", small()), root=tmp_path, train_if_missing=False)
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
+    r = tr.Recipe("tiny-llama", small(steps=4, checkpoint_every=2))
+    straight = tr.ensure(r, root=tmp_path / "a", progress=False)
+    # an interrupted run: the 4-step recipe killed during step 3 leaves its step-2 checkpoint behind
+    from earlyexit.train import train
+
+    d = r.directory(tmp_path / "b")
+    lm0 = tr._base_loaded(r)
+
+    class Stop(Exception):
+        pass
+
+    batches = tr.Batches(lm0.tokenizer, 2, 16, 0)
+
+    def stop_after_two(step):
+        if step >= 2:
+            raise Stop
+        return batches(step)
+
+    with pytest.raises(Stop):
+        train(lm0.model, stop_after_two, r.cfg, checkpoint_dir=d, progress=False)
+    assert not tr.is_complete(r, tmp_path / "b")
+    resumed = tr.ensure(r, root=tmp_path / "b", progress=False)
+    assert resumed.trained_now and tr.is_complete(r, tmp_path / "b")
+    a = tr.load(r, device="cpu", root=tmp_path / "a").model.state_dict()
+    b = tr.load(r, device="cpu", root=tmp_path / "b").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.history["loss"] == straight.history["loss"]
+
+
+def test_recipes_follow_chapter_six_parameters():
+    p = params.validate(params.get("06_training"), {"model": "tiny-llama", "steps": 5, "scratch_steps": 7})
+    rs = tr.recipes(p)
+    assert set(rs) == {"layerskip", "scratch-baseline", "scratch-layerskip"}
+    assert rs["layerskip"].base == "tiny-llama" and rs["layerskip"].cfg.steps == 5
+    b, s = rs["scratch-baseline"], rs["scratch-layerskip"]
+    assert (b.cfg.recipe, s.cfg.recipe) == (False, True)
+    assert replace(b.cfg, recipe=True) == s.cfg and b.base == s.base and b.data_seed == s.data_seed
+    smoke = tr.recipes_for_profile("smoke")
+    assert smoke["layerskip"].base == "tiny-llama"
+    with pytest.raises(ValueError, match="trains 'tiny-llama' in chapter 6, not 'smollm2-135m'"):
+        tr.recipes_for_profile("smoke", model="smollm2-135m")
+
+
+def test_layer_agreement_last_layer_agrees_with_itself():
+    from earlyexit.model import load_model
+
+    lm = load_model("tiny-llama")
+    df = tr.layer_agreement(lm, 2, 24)
+    assert sorted(df["layer"].unique()) == list(range(1, lm.num_layers + 1))
+    last = df[df.layer == lm.num_layers]
+    assert np.allclose(last["agreement"], 1.0) and (df["tokens"] == 23).all()
+
+
+# ---------------------------------------------------------------------------------------- compare.py
+
+def test_scale_layers():
+    assert compare.scale_layers([15, 20, 25], 30, 6, 1, 5) == [3, 4, 5]
+    assert compare.scale_layers([20, 25, 28], 30, 4) == [3, 4]
+    assert compare.scale_layers([1, 2], 30, 8, 2) == [2]
+
+
+def _summ(rows):
+    df = pd.DataFrame(rows, columns=["method", "label", "layers", "consistency", "speed"])
+    for c in ("layers", "consistency", "speed"):
+        df[f"{c}_lo"], df[f"{c}_hi"] = df[c] - 0.01, df[c] + 0.01
+    return df
+
+
+def test_best_at_picks_the_cheapest_point_that_reaches_the_target():
+    s = _summ([("a", "a1", 10, 0.97, 1.2), ("a", "a2", 20, 0.99, 1.0), ("a", "a3", 5, 0.90, 1.5),
+               ("b", "b1", 8, 0.80, 1.3), ("b", "b2", 12, 0.85, 1.1)])
+    best = compare.best_at(s, 0.95).set_index("method")
+    assert best.loc["a", "label"] == "a1" and best.loc["a", "meets"]
+    # none of b reaches it: its most consistent point, flagged
+    assert best.loc["b", "label"] == "b2" and not best.loc["b", "meets"]
+    t = compare.table(best.reset_index())
+    assert list(t["reaches target"]) == ["yes", "no"] and t.loc[0, "consistency"] == "0.97 [0.96, 0.98]"
+
+
+def test_pareto_front_drops_dominated_points():
+    s = _summ([("a", "p", 10, 0.9, 1), ("a", "q", 12, 0.8, 1), ("a", "r", 15, 0.95, 1), ("a", "s", 5, 0.5, 1)])
+    assert compare.pareto_front(s)["label"].tolist() == ["s", "p", "r"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from earlyexit.model import load_model
+
+    lm = load_model("tiny-llama")
+    return lm, ex.eval_set(lm, "mix", 4, 0, 48)
+
+
+def test_error_split_parts_add_up_and_exact_caches_have_no_cache_part(tiny, cache_dir):
+    lm, es = tiny
+    split = compare.error_split(lm, es, N, rule="softmax", threshold=0.3, min_layer=2, n_boot=200)
+    w = split.pivot(index="strategy", columns="part", values="mean")
+    assert np.allclose(w["exit_decision"] + w["cache"] + w["interaction"], w["total"])
+    assert np.allclose(w.loc[["lazy-recompute", "eager-recompute"], "cache"], 0.0)
+    assert np.allclose(w.loc["lazy-recompute", "total"], w.loc["lazy-recompute", "exit_decision"])
+
+
+def test_method_points_cover_every_method_and_self_speculation_is_exact(tiny, cache_dir):
+    lm, es = tiny
+    pts = compare.method_points(lm, es, N, rule="softmax", thresholds=[0.3, 0.9], min_layer=3,
+                                static_layers=[3, 5], e_mins=[3], spec=[(3, 2)], spec_set=es.subset(2))
+    assert set(pts["method"]) == set(compare.METHODS)
+    spec = pts[pts.method == "self-speculation"]
+    assert (spec["consistency"] == 1.0).all() and (spec["exact_match"] == 1.0).all()
+    orc = pts[pts.method == "oracle exits"]
+    assert (orc["consistency"] == 1.0).all()
+    full = ex.point(lm, es, N, "full")
+    assert np.isclose(pts[pts.method == "lazy-recompute"]["speed"].iloc[0] * float(full["batch_tok_s"].iloc[0]),
+                      pts[pts.method == "lazy-recompute"]["batch_tok_s"].iloc[0])
+    # self-speculation's layers count decoding steps only, like the other methods: at most L per draft
+    # token plus the verification, never the prompt pass
+    assert (spec["layers"] < 2 * lm.num_layers * 3).all() and (spec["layers"] > 0).all()
+
+
+def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cache_dir):
+    lm, _ = tiny
+    s = ex.eval_set(lm, "mix", 8, 1, 48)
+    cal, test = s.part(0, 4), s.part(4, 8)
+    assert cal.spec != test.spec and cal.ids == s.ids[:4]
+    lam, det, res = compare.calibrate(lm, cal, test, N, rule="softmax", strategy="lazy-recompute",
+                                      thresholds=[0.9, 0.3], min_layer=2, epsilon=0.6, delta=0.2)
+    assert det["threshold"].tolist() == [1.0, 0.9, 0.3]
+    # lambda = 1 never exits: zero loss on every prompt, so it is rejected as "risky" only if n is tiny
+    assert det.loc[0, "risk_hat"] == 0.0
+    p0 = metrics.hoeffding_bentkus_pvalue(0.0, 4, 0.6)
+    assert np.isclose(det.loc[0, "p_value"], p0) and bool(det.loc[0, "accepted"]) == (p0 <= 0.2)
+    if lam is not None:
+        assert res is not None and {"consistency", "risk", "layers", "speed"} <= set(res.columns)
+    with pytest.raises(ValueError, match="outside the 8 prompts"):
+        s.part(4, 9)
