@@ -187,3 +187,49 @@ def table(best: pd.DataFrame) -> pd.DataFrame:
         "reaches target": np.where(best["meets"], "yes", "no"),
     })
     return out.reset_index(drop=True)
+
+
+def headline(profile: str, model: str | None = None, device: str | None = None) -> pd.DataFrame:
+    """The front page's table: :func:`table` of the best operating points of the released and the trained
+    model, with the comparison chapter's parameters under ``profile``. Every number is read from the
+    result cache when the comparison chapter has run (the runner executes the front page last)."""
+    import torch
+
+    from . import runner, trained
+    from .model import load_model
+
+    p = runner.load_profile(profile).parameters("08_comparison")
+    if model is not None and model != p["model"]:
+        raise ValueError(f"profile {profile!r} compares {p['model']!r}, not {model!r}")
+    before = torch.get_num_threads()
+    ex.set_threads(p["threads"])  # timing entries are keyed by the thread count they were measured with
+    try:
+        dev = device or p["device"]
+        released = load_model(p["model"], device=dev, dtype=p["dtype"])
+        recipes = trained.recipes_for_profile(profile, p["model"])
+        models = {"released": released}
+        if "trained" in p["models"]:
+            models["trained"] = trained.load(recipes["layerskip"], device=dev, dtype=p["dtype"], progress=False)
+        L0 = released.num_layers
+        es = ex.eval_set(released, p["prompt_kind"], p["n_prompts"], p["seed"], p["max_prompt_tokens"])
+        sset = es.subset(min(p["spec_prompts"], len(es)))
+        frames = []
+        for key, lm in models.items():
+            L = lm.num_layers
+            pts = method_points(lm, es, p["max_new_tokens"], rule=p["rule"],
+                                thresholds=p["thresholds"] if key == "released" else p["trained_thresholds"],
+                                min_layer=min(p["min_layer"] or L // 2, L),
+                                static_layers=scale_layers(p["static_layers"], L0, L),
+                                e_mins=scale_layers(p["e_mins"], L0, L, 2),
+                                spec=[(E, d) for E in scale_layers(p["exit_layers"], L0, L, 1, L - 1)
+                                      for d in p["draft_lens"]],
+                                spec_set=sset, spec_repeats=p["timing_repeats"])
+            frames.append(pts.assign(model=key))
+        summ = summarize(pd.concat(frames, ignore_index=True), seed=p["seed"], n_boot=p["n_boot"],
+                         by=("model", "method", "label"))
+        best = best_at(summ[~summ.method.isin(["oracle exits", "static exit"])], p["target"], by=("model", "method"))
+        name = {"smollm2-135m": "SmolLM2-135M-Instruct"}.get(p["model"], p["model"])
+        best["model"] = best["model"].map({"released": name, "trained": f"{name} + LayerSkip"})
+        return table(best)
+    finally:
+        torch.set_num_threads(before)

@@ -85,6 +85,21 @@ def toc_notebooks(path: Path | None = None) -> list[str]:
     return found
 
 
+def toc_root(path: Path | None = None) -> str | None:
+    """The executed notebook that is the book's first page, if the root is one."""
+    root = yaml.safe_load(Path(path or toc_path()).read_text()).get("root")
+    if isinstance(root, str) and root.startswith(GENERATED_PREFIX):
+        return Path(root[len(GENERATED_PREFIX):]).with_suffix("").name if root.endswith(".ipynb") \
+            else root[len(GENERATED_PREFIX):]
+    return None
+
+
+def execution_order(names: list[str], root: str | None) -> list[str]:
+    """The order notebooks run in: book order, except that the front page runs last, because it
+    summarises the chapters (it reads their results from the result cache rather than computing them)."""
+    return [n for n in names if n != root] + ([root] if root in names else [])
+
+
 def available_profiles(profiles_dir: Path | None = None) -> list[str]:
     d = Path(profiles_dir or paths.PROFILES)
     return sorted(p.stem for p in d.glob("*.yml"))
@@ -379,7 +394,7 @@ def _plan(args) -> tuple[Profile, list[str], list[str]]:
     if problems:
         raise UsageError("the book is not wired up:\n  - " + "\n  - ".join(problems))
     profile = load_profile(args.profile, notebooks=names)
-    selected = [n for n in names if not args.only or n in args.only]
+    selected = execution_order([n for n in names if not args.only or n in args.only], toc_root())
     return profile, names, selected
 
 
