@@ -226,3 +226,13 @@ def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cac
         assert res is not None and {"consistency", "risk", "layers", "speed"} <= set(res.columns)
     with pytest.raises(ValueError, match="outside the 8 prompts"):
         s.part(4, 9)
+
+
+def test_front_page_runs_last_because_it_summarises_the_chapters():
+    from earlyexit import runner
+
+    assert runner.toc_root() == "00_intro"
+    assert runner.execution_order(["00_intro", "01_a", "08_c"], "00_intro") == ["01_a", "08_c", "00_intro"]
+    assert runner.execution_order(["01_a"], "00_intro") == ["01_a"]
+    names = runner.toc_notebooks()
+    assert names[0] == "00_intro" and "08_comparison" in names
