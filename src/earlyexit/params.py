@@ -416,8 +416,10 @@ COMPARISON = register(
                             item=int, range=(1, 1024)),
         e_mins=Param(list, [10, 15, 20, 25], "SkipDecode's final budgets (scaled for other depths)", item=int,
                      range=(1, 1024)),
-        trained_thresholds=Param(list, [0.9, 0.99], "confidence thresholds on the trained and scratch models",
-                                 item=float, range=(1e-6, 1.0)),
+        trained_thresholds=Param(list, [0.9, 0.99], "confidence thresholds on the trained model", item=float,
+                                 range=(1e-6, 1.0)),
+        scratch_thresholds=Param(list, [0.1, 0.3, 0.5], "confidence thresholds on the small from-scratch models "
+                                 "(their predictions are far less peaked)", item=float, range=(1e-6, 1.0)),
         spec_prompts=Param(int, 4, "prompts of the self-speculation points (chapter 7's)", range=(1, 10_000)),
         exit_layers=Param(list, [15, 20, 25], "self-speculation draft depths (chapter 7's; scaled for others)",
                           item=int, range=(1, 1024)),
