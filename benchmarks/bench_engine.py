@@ -11,9 +11,9 @@ import time
 
 import torch
 
-from earlyexit.data import encode, load_prompts
-from earlyexit.decode import generate
-from earlyexit.model import load_model
+from earlyexit.corpus import encode, load_prompts
+from earlyexit.engine.loop import generate
+from earlyexit.engine.models import load_model
 
 
 def main():

@@ -1,4 +1,4 @@
-"""Tests of earlyexit.data: determinism, the held-out rule, no leakage into training, encoding."""
+"""Tests of earlyexit.corpus: determinism, the held-out rule, no leakage into training, encoding."""
 from __future__ import annotations
 
 import ast
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from earlyexit import data as D
+from earlyexit import corpus as D
 
 REPO = Path(__file__).resolve().parents[1]
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from earlyexit.cache import HOLE
-from earlyexit.data import encode, load_prompts
-from earlyexit.decode import generate
-from earlyexit.model import GGUF_NAME, embedded_dir, load_model
-from earlyexit.speculative import self_speculative
+from earlyexit.engine.cache import HOLE
+from earlyexit.corpus import encode, load_prompts
+from earlyexit.engine.loop import generate
+from earlyexit.engine.models import GGUF_NAME, embedded_dir, load_model
+from earlyexit.engine.speculative import self_speculative
 
 pytestmark = [pytest.mark.embedded,
               pytest.mark.skipif(not (embedded_dir() / GGUF_NAME).exists(),

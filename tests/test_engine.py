@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from earlyexit.cache import COMPUTED, COPIED, HOLE, RECOMPUTED
-from earlyexit.decode import generate
-from earlyexit.exits import make_rule
-from earlyexit.model import tiny_model
+from earlyexit.engine.cache import COMPUTED, COPIED, HOLE, RECOMPUTED
+from earlyexit.engine.loop import generate
+from earlyexit.engine.rules import make_rule
+from earlyexit.engine.models import tiny_model
 
 FAMILIES = ["tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-mistral"]
 STRATS = ["naive-mask", "naive-undefined", "copy-forward", "lazy-recompute", "eager-recompute"]
@@ -204,7 +204,7 @@ def test_eos_stops_a_row(models):
     (dict(max_new_tokens=2045), "context of 2048"),
 ])
 def test_bad_input_is_a_clear_error_before_compute(models, kwargs, match, monkeypatch):
-    import earlyexit.decode as dec
+    import earlyexit.engine.loop as dec
     m = models["tiny-llama"]
 
     def boom(*a, **k):

@@ -8,16 +8,16 @@ import pandas as pd
 import pytest
 import torch
 
-from earlyexit import experiments as ex
+from earlyexit.book import costs, drift, plots, points, probes, prompts, timing
 from earlyexit import paths
-from earlyexit.cache import COMPUTED, HOLE
+from earlyexit.engine.cache import COMPUTED, HOLE
 
 N = 8
 
 
 @pytest.fixture(scope="module")
 def lm():
-    from earlyexit.model import load_model
+    from earlyexit.engine.models import load_model
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)          # the tiny model decodes far faster on one thread
@@ -27,7 +27,7 @@ def lm():
 
 @pytest.fixture(scope="module")
 def es(lm):
-    return ex.eval_set(lm, "mix", 4, 0, 64)
+    return prompts.eval_set(lm, "mix", 4, 0, 64)
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +38,7 @@ def cache_dir(tmp_path_factory, monkeypatch):
 
 
 def test_eval_set_is_deterministic_and_has_references(lm, es):
-    again = ex.eval_set(lm, "mix", 4, 0, 64)
+    again = prompts.eval_set(lm, "mix", 4, 0, 64)
     assert again.ids == es.ids and again.spec == es.spec
     kinds = [p.kind for p in es.prompts]
     assert [r is None for r in es.refs] == [k == "instruction" for k in kinds]
@@ -46,33 +46,33 @@ def test_eval_set_is_deterministic_and_has_references(lm, es):
 
 
 def test_full_point_is_consistent_with_itself_and_cached(lm, es):
-    df = ex.point(lm, es, N, "full")
+    df = points.point(lm, es, N, "full")
     L = lm.num_layers
     assert (df["exact_match"] == 1).all() and (df["rouge_full"] == 1).all()
     assert np.allclose(df["layers"], L) and np.allclose(df["exit_rate"], 0)
     assert np.allclose(df["flop_fraction"], 1.0)
     assert (df["ttd"] == df["n_gen"]).all()
-    again = ex.point(lm, es, N, "full")                 # read from the cache: the same table
+    again = points.point(lm, es, N, "full")                 # read from the cache: the same table
     pd.testing.assert_frame_equal(df, again)
 
 
 def test_oracle_lazy_is_exact_and_layers_add_up(lm, es):
     L = lm.num_layers
-    df = ex.point(lm, es, N, "oracle", "lazy-recompute")
+    df = points.point(lm, es, N, "oracle", "lazy-recompute")
     assert (df["exact_match"] == 1).all()
     assert (df["hole_reads"] == 0).all()
     total = df["own_layers"] + df["recompute_layers"] + df["pending_layers"]
     assert np.allclose(total, L), total
-    eager = ex.point(lm, es, N, "oracle", "eager-recompute")
+    eager = points.point(lm, es, N, "oracle", "eager-recompute")
     assert np.allclose(eager["own_layers"] + eager["recompute_layers"], L)
 
 
 def test_scripted_naive_point_counts_exits_and_hole_reads(lm, es):
     L = lm.num_layers
     exits = (L, 2, L, 3)        # tokens 1 and 3 exit early, the others run all layers
-    df = ex.point(lm, es, N, "scripted", "naive-mask", {"exits": exits})
+    df = points.point(lm, es, N, "scripted", "naive-mask", {"exits": exits})
     for _, r in df.iterrows():
-        got = ex.split_ints(r["exits"])
+        got = points.split_ints(r["exits"])
         assert got[:4] == [L, 2, L, 3][: len(got[:4])]
     full_gen = df["n_steps"] >= 4
     assert (df.loc[full_gen, "exit_rate"] > 0).all()
@@ -80,10 +80,10 @@ def test_scripted_naive_point_counts_exits_and_hole_reads(lm, es):
 
 
 def test_sweep_with_ppl_for_one_label(lm, es):
-    cfgs = ex.threshold_configs("softmax", [0.2, 0.9], ["naive-mask"], min_layer=3)
-    want = ex.label("softmax", "naive-mask", {"threshold": 0.9})
-    df = ex.sweep(lm, es, N, cfgs, ppl_for=[want], progress=False)
-    assert set(df["label"]) == {want, ex.label("softmax", "naive-mask", {"threshold": 0.2})}
+    cfgs = points.threshold_configs("softmax", [0.2, 0.9], ["naive-mask"], min_layer=3)
+    want = points.label("softmax", "naive-mask", {"threshold": 0.9})
+    df = points.sweep(lm, es, N, cfgs, ppl_for=[want], progress=False)
+    assert set(df["label"]) == {want, points.label("softmax", "naive-mask", {"threshold": 0.2})}
     with_ref = df[(df["label"] == want) & df["rouge_ref"].notna()]
     assert (with_ref["ppl_ref"] > 1).all()
     assert df[df["label"] != want]["ppl_ref"].isna().all()
@@ -94,14 +94,14 @@ def test_survival_on_hand_made_rows():
     full = pd.DataFrame({"prompt": [0, 1], "tokens": ["1 2 3 4 5 6", "1 2 3 4"]})
     df = pd.DataFrame({"prompt": [0, 1], "tokens": ["1 2 3 9 5 6", "1 2 3 4"],
                        "exits": ["6 6 3 6 6 6", "6 6 6 6"]})
-    s = ex.survival(df, full, L, 4).set_index(["prompt", "k"])["same"]
+    s = probes.survival(df, full, L, 4).set_index(["prompt", "k"])["same"]
     # prompt 0: first exit at t=2, divergence at t=3 -> same at k=0, differs from k=1 on
     assert s.loc[(0, 0)] == 1.0 and s.loc[(0, 1)] == 0.0 and s.loc[(0, 3)] == 0.0
     assert s.loc[[1]].isna().all()                  # prompt 1 never exits
 
 
 def test_exit_state_mask_marks_layers_above_each_exit():
-    m = ex.exit_state_mask([6, 2, 6, 4], L=6, prompt_len=3, T=6)
+    m = probes.exit_state_mask([6, 2, 6, 4], L=6, prompt_len=3, T=6)
     assert m.shape == (6, 6)
     assert m[:, 3].tolist() == [False, False, True, True, True, True]     # token 1's input at column 3
     assert not m[:, 4].any()                                                 # token 2 ran all layers
@@ -111,7 +111,7 @@ def test_exit_state_mask_marks_layers_above_each_exit():
 
 def test_provenance_frame_has_holes_exactly_above_the_exit(lm, es):
     L = lm.num_layers
-    fr = ex.provenance_point(lm, es, 0, N, "scripted", "naive-mask", {"exits": (L, 2)})
+    fr = probes.provenance_point(lm, es, 0, N, "scripted", "naive-mask", {"exits": (L, 2)})
     col = fr[fr["position"] == 0]          # token 1's step writes the first generated column
     assert (col[col["layer"] <= 2]["state"] == COMPUTED).all()
     assert (col[col["layer"] > 2]["state"] == HOLE).all()
@@ -120,13 +120,13 @@ def test_provenance_frame_has_holes_exactly_above_the_exit(lm, es):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots()
-    ex.draw_provenance(ax, fr, title="t")
+    plots.draw_provenance(ax, fr, title="t")
     plt.close(fig)
 
 
 def test_attention_above_exits_is_a_probability_mass(lm, es):
-    df = ex.point(lm, es, N, "oracle", "naive-mask")
-    mass = ex.attention_above_exits(lm, es, df)
+    df = points.point(lm, es, N, "oracle", "naive-mask")
+    mass = probes.attention_above_exits(lm, es, df)
     v = mass["mass"].dropna()
     assert len(v) and ((v >= 0) & (v <= 1 + 1e-6)).all()
     assert mass[mass["layer"] == 1]["mass"].isna().all()      # no exit lies below layer 1
@@ -136,7 +136,7 @@ def test_drift_lazy_is_exact_and_copies_are_not(lm, es):
     L = lm.num_layers
     sub = es.subset(2)
     kw = {"threshold": 0.2, "min_layer": 2}
-    d = ex.drift_point(lm, sub, 10, [{"rule": "softmax", "strategy": s, "rule_kw": kw}
+    d = drift.drift_point(lm, sub, 10, [{"rule": "softmax", "strategy": s, "rule_kw": kw}
                                      for s in ("lazy-recompute", "copy-forward")])
     lazy = d[d["strategy"] == "lazy-recompute"]
     assert lazy[lazy["exit"] == L]["kl"].max() < 1e-6
@@ -147,21 +147,21 @@ def test_drift_lazy_is_exact_and_copies_are_not(lm, es):
 
 
 def test_lazy_audit_matches_the_full_cache(lm, es):
-    a = ex.lazy_audit(lm, es.ids[0], N, "scripted", {"exits": (lm.num_layers, 2, 3, 1)})
+    a = drift.lazy_audit(lm, es.ids[0], N, "scripted", {"exits": (lm.num_layers, 2, 3, 1)})
     assert a["holes_after_flush"] == 0 and a["recomputed_entries"] > 0
     assert a["max_abs_k"] < 1e-4 and a["max_abs_v"] < 1e-4
 
 
 def test_time_point_rows(lm, es):
-    t1 = ex.time_point(lm, es.subset(2), 4, "full", batch=1, repeats=1)
+    t1 = timing.time_point(lm, es.subset(2), 4, "full", batch=1, repeats=1)
     assert len(t1) == 2 and (t1["tok_s"] > 0).all()
-    tb = ex.time_point(lm, es.subset(2), 4, "skipdecode", "naive-mask",
+    tb = timing.time_point(lm, es.subset(2), 4, "skipdecode", "naive-mask",
                        {"e_max": 6, "e_min": 3, "horizon": 4, "warmup": 1}, batch=2, repeats=1)
     assert len(tb) == 1 and tb["batch"].iloc[0] == 2 and tb["layers"].iloc[0] < 6
 
 
 def test_skip_schedule_layers_shrink_and_nest():
-    s = ex.skip_schedule(30, 40, e_max=30, e_min=10, horizon=32, warmup=1)
+    s = probes.skip_schedule(30, 40, e_max=30, e_min=10, horizon=32, warmup=1)
     sets = s[s["runs"]].groupby("t")["layer"].apply(set)
     for a, b in zip(sets.iloc[:-1], sets.iloc[1:]):
         assert b <= a
@@ -169,28 +169,28 @@ def test_skip_schedule_layers_shrink_and_nest():
 
 
 def test_flop_breakdown_of_full_depth_and_head_cost_on_smollm2_shape(lm, es):
-    df = ex.point(lm, es, N, "full")
-    fb = ex.flop_breakdown(lm, df)
+    df = points.point(lm, es, N, "full")
+    fb = costs.flop_breakdown(lm, df)
     assert np.allclose(fb.sum(axis=1), 1.0, atol=1e-6)
     smol = types.SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                                  intermediate_size=1536, vocab_size=49152, num_hidden_layers=30)
-    head = ex.head_in_layers(types.SimpleNamespace(config=smol))
+    head = costs.head_in_layers(types.SimpleNamespace(config=smol))
     assert 7 < head < 8.5          # the shared head costs about eight decoder layers
 
 
 def test_set_threads_and_labels():
     n = torch.get_num_threads()
-    assert ex.set_threads(0) == n
-    assert ex.label("static", "naive-mask", {"layer": 3}) == "static@3"
-    assert ex.label("softmax", "copy-forward", {"threshold": 0.9}) == "softmax 0.9 / copy-forward"
-    assert ex.split_ints("1 2 3") == [1, 2, 3] and ex.split_ints(float("nan")) == []
+    assert points.set_threads(0) == n
+    assert points.label("static", "naive-mask", {"layer": 3}) == "static@3"
+    assert points.label("softmax", "copy-forward", {"threshold": 0.9}) == "softmax 0.9 / copy-forward"
+    assert points.split_ints("1 2 3") == [1, 2, 3] and points.split_ints(float("nan")) == []
 
 
 def test_time_replay_uses_the_recorded_exits(lm, es):
     sub = es.subset(2)
-    df = ex.point(lm, sub, 6, "scripted", "naive-mask", {"exits": (6, 2, 6, 3)})
-    t = ex.time_replay(lm, sub, 6, df, "eager-recompute", repeats=1)
+    df = points.point(lm, sub, 6, "scripted", "naive-mask", {"exits": (6, 2, 6, 3)})
+    t = timing.time_replay(lm, sub, 6, df, "eager-recompute", repeats=1)
     assert len(t) == 2 and (t["tok_s"] > 0).all()
     assert np.allclose(t["layers"], lm.num_layers)          # eager runs every skipped layer at once
-    t2 = ex.time_replay(lm, sub, 6, df, "naive-mask", repeats=1)
+    t2 = timing.time_replay(lm, sub, 6, df, "naive-mask", repeats=1)
     assert (t2["layers"] < lm.num_layers).all()

@@ -15,7 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from earlyexit import figures, params, paths, provenance, runner
+from earlyexit import paths
+from earlyexit.book import figures, params, provenance, runner
 
 ROOT = paths.REPO_ROOT
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -11,8 +11,9 @@ import nbformat
 import pytest
 import yaml
 
-from earlyexit import figures, params, paths, provenance, runner
-from earlyexit.params import Param
+from earlyexit import paths
+from earlyexit.book import figures, params, provenance, runner
+from earlyexit.book.params import Param
 
 ROOT = paths.REPO_ROOT
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

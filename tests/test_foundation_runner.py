@@ -6,8 +6,9 @@ import json
 import nbformat
 import pytest
 
-from earlyexit import params, paths, runner
-from earlyexit.params import Param
+from earlyexit import paths
+from earlyexit.book import params, runner
+from earlyexit.book.params import Param
 
 
 def _notebook(path, *sources):
@@ -36,7 +37,7 @@ def book(tmp_path, monkeypatch):
     _notebook(tmp_path / "notebooks" / "zz_ok.ipynb",
               "x = 1  # a number\nmodel = 'smollm2-135m'",
               # the kernel is another process: it declares the test schema itself
-              "from earlyexit import params\n"
+              "from earlyexit.book import params\n"
               "params.register('zz_ok', x=params.Param(int, 1, 'a number', range=(0, 9)))\n"
               "P = params.check('zz_ok', globals())",
               "print('x is', P.x, 'model', P.model)")

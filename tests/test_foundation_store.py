@@ -11,12 +11,12 @@ import time
 import pandas as pd
 import pytest
 
-from earlyexit import store
+from earlyexit.book import store
 
 SWEEP_SCRIPT = textwrap.dedent("""
     import sys, time
     import numpy as np, pandas as pd
-    from earlyexit import store
+    from earlyexit.book import store
 
     def point(i, seed):
         print(f"computing {i}", flush=True)

@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 import torch
 
-from earlyexit import provenance, store
-from earlyexit import model as M
-from earlyexit.decode import generate
+from earlyexit.book import provenance, store
+from earlyexit.engine import models as M
+from earlyexit.engine.loop import generate
 
 BLOCKED = "http://127.0.0.1:9"  # the discard port: nothing listens, every connection is refused
 HAVE_EMBEDDED = (M.embedded_dir() / M.GGUF_NAME).exists()
@@ -90,8 +90,8 @@ def test_embedded_model_loads_and_generates_with_the_network_blocked():
     script = NO_NETWORK + textwrap.dedent("""
         import json, os
         import earlyexit
-        from earlyexit.decode import generate
-        from earlyexit.model import load_model
+        from earlyexit.engine.loop import generate
+        from earlyexit.engine.models import load_model
 
         lm = load_model("smollm2-135m", device="cpu")
         ids = lm.tokenizer("The capital of France is")["input_ids"]
@@ -143,12 +143,12 @@ def corrupted_data_dir(tmp_path_factory):
 @pytest.mark.embedded
 @needs_embedded
 def test_corrupted_gguf_fails_loudly_before_anything_is_built(corrupted_data_dir):
-    script = "from earlyexit.model import load_model\nload_model('smollm2-135m', device='cpu')\n"
+    script = "from earlyexit.engine.models import load_model\nload_model('smollm2-135m', device='cpu')\n"
     res = _python(script, _env(EARLYEXIT_DATA=str(corrupted_data_dir)))
     gguf = corrupted_data_dir / "models" / M.EMBEDDED / M.GGUF_NAME
     last = res.stderr.strip().splitlines()[-1]
     assert res.returncode != 0
-    assert last.startswith("earlyexit.model.ChecksumError: "), res.stderr[-2000:]
+    assert last.startswith("earlyexit.engine.models.ChecksumError: "), res.stderr[-2000:]
     assert str(gguf) in last and M.GGUF_SHA256 in last
     assert "Delete it and run `python -m earlyexit fetch-model`" in last, "the fix is named"
     assert [p.name for p in gguf.parent.iterdir()] == [M.GGUF_NAME], "nothing was built from it"

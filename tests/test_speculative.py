@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from earlyexit.decode import generate
-from earlyexit.model import tiny_model
-from earlyexit.speculative import hf_assistant_early_exit, self_speculative
+from earlyexit.engine.loop import generate
+from earlyexit.engine.models import tiny_model
+from earlyexit.engine.speculative import hf_assistant_early_exit, self_speculative
 
 
 @pytest.fixture(scope="module")

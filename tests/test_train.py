@@ -1,4 +1,4 @@
-"""Tests of the LayerSkip training recipe (earlyexit.train) on tiny seeded models."""
+"""Tests of the LayerSkip training recipe (earlyexit.training.loop) on tiny seeded models."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from earlyexit.train import (CURRICULA, SCALES, TrainConfig, curriculum_layers, early_exit_loss,
+from earlyexit.training.loop import (CURRICULA, SCALES, TrainConfig, curriculum_layers, early_exit_loss,
                              exit_logits, exit_loss_weights, forward_layers, latest_checkpoint,
                              layer_dropout_rates, lr_at, per_layer_agreement, train)
 

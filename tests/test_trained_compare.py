@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 import torch
 
-from earlyexit import compare, metrics, paths, params
-from earlyexit import experiments as ex
-from earlyexit import trained as tr
-from earlyexit.train import TrainConfig
+from earlyexit import paths
+from earlyexit.book import compare, metrics, params
+from earlyexit.book import points, prompts
+from earlyexit.training import checkpoints as tr
+from earlyexit.training.loop import TrainConfig
 
 N = 6
 
@@ -57,7 +58,7 @@ def test_bad_recipes_fail_before_any_work():
 
 
 def test_batches_are_deterministic_in_any_order():
-    from earlyexit.model import _load_embedded_tokenizer
+    from earlyexit.engine.models import _load_embedded_tokenizer
 
     tok = _load_embedded_tokenizer()
     a, b = tr.Batches(tok, 2, 16, seed=0), tr.Batches(tok, 2, 16, seed=0)
@@ -77,7 +78,7 @@ def test_ensure_trains_once_then_reuses_and_load_gives_those_weights(tmp_path):
     again = tr.ensure(r, root=tmp_path, progress=False)
     assert not again.trained_now and again.history["loss"] == run.history["loss"]
     lm = tr.load(r, device="cpu", root=tmp_path)
-    from earlyexit.model import load_model
+    from earlyexit.engine.models import load_model
 
     base = load_model("tiny-llama")
     changed = [k for k, v in lm.model.state_dict().items() if not torch.equal(v, base.model.state_dict()[k])]
@@ -95,7 +96,7 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
     r = tr.Recipe("tiny-llama", small(steps=4, checkpoint_every=2))
     straight = tr.ensure(r, root=tmp_path / "a", progress=False)
     # an interrupted run: the 4-step recipe killed during step 3 leaves its step-2 checkpoint behind
-    from earlyexit.train import train
+    from earlyexit.training.loop import train
 
     d = r.directory(tmp_path / "b")
     lm0 = tr._base_loaded(r)
@@ -136,7 +137,7 @@ def test_recipes_follow_chapter_six_parameters():
 
 
 def test_layer_agreement_last_layer_agrees_with_itself():
-    from earlyexit.model import load_model
+    from earlyexit.engine.models import load_model
 
     lm = load_model("tiny-llama")
     df = tr.layer_agreement(lm, 2, 24)
@@ -178,10 +179,10 @@ def test_pareto_front_drops_dominated_points():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from earlyexit.model import load_model
+    from earlyexit.engine.models import load_model
 
     lm = load_model("tiny-llama")
-    return lm, ex.eval_set(lm, "mix", 4, 0, 48)
+    return lm, prompts.eval_set(lm, "mix", 4, 0, 48)
 
 
 def test_error_split_parts_add_up_and_exact_caches_have_no_cache_part(tiny, cache_dir):
@@ -202,7 +203,7 @@ def test_method_points_cover_every_method_and_self_speculation_is_exact(tiny, ca
     assert (spec["consistency"] == 1.0).all() and (spec["exact_match"] == 1.0).all()
     orc = pts[pts.method == "oracle exits"]
     assert (orc["consistency"] == 1.0).all()
-    full = ex.point(lm, es, N, "full")
+    full = points.point(lm, es, N, "full")
     assert np.isclose(pts[pts.method == "lazy-recompute"]["speed"].iloc[0] * float(full["batch_tok_s"].iloc[0]),
                       pts[pts.method == "lazy-recompute"]["batch_tok_s"].iloc[0])
     # self-speculation's layers count decoding steps only, like the other methods: at most L per draft
@@ -212,7 +213,7 @@ def test_method_points_cover_every_method_and_self_speculation_is_exact(tiny, ca
 
 def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cache_dir):
     lm, _ = tiny
-    s = ex.eval_set(lm, "mix", 8, 1, 48)
+    s = prompts.eval_set(lm, "mix", 8, 1, 48)
     cal, test = s.part(0, 4), s.part(4, 8)
     assert cal.spec != test.spec and cal.ids == s.ids[:4]
     lam, det, res = compare.calibrate(lm, cal, test, N, rule="softmax", strategy="lazy-recompute",
@@ -229,7 +230,7 @@ def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cac
 
 
 def test_front_page_runs_last_because_it_summarises_the_chapters():
-    from earlyexit import runner
+    from earlyexit.book import runner
 
     assert runner.toc_root() == "00_intro"
     assert runner.execution_order(["00_intro", "01_a", "08_c"], "00_intro") == ["01_a", "08_c", "00_intro"]

@@ -15,7 +15,7 @@ COMMANDS = ("book", "fetch-model", "train", "params", "provenance")
 
 
 def _fetch_model(argv) -> int:
-    from .model import prepare_embedded
+    from .engine.models import prepare_embedded
 
     try:
         path = prepare_embedded()
@@ -29,7 +29,8 @@ def _fetch_model(argv) -> int:
 def _train(argv) -> int:
     import argparse
 
-    from . import runner, trained
+    from .book import runner
+    from .training import checkpoints as trained
 
     ap = argparse.ArgumentParser(prog="python -m earlyexit train",
                                  description="Build (or resume) the checkpoints chapter 6 trains under a profile; "
@@ -51,7 +52,7 @@ def _train(argv) -> int:
 
 
 def _params(argv) -> int:
-    from . import params
+    from .book import params
 
     if not argv:
         for name, schema in sorted(params.SCHEMAS.items()):
@@ -67,7 +68,7 @@ def _params(argv) -> int:
 
 
 def _provenance(argv) -> int:
-    from .provenance import collect
+    from .book.provenance import collect
 
     json.dump(collect(), sys.stdout, indent=2)
     print()
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "book":
-        from .runner import main as book
+        from .book.runner import main as book
 
         return book(rest)
     if cmd == "fetch-model":

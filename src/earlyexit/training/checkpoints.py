@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from . import data as data_mod
-from . import paths
-from .store import canonical
-from .train import _RESUME_FREE, TrainConfig, latest_checkpoint, load_checkpoint_weights, train
+from .. import corpus as data_mod
+from .. import paths
+from ..files import canonical
+from .loop import _RESUME_FREE, TrainConfig, latest_checkpoint, load_checkpoint_weights, train
 
 CHECKPOINTS = paths.DATA / "checkpoints"
 FORMAT = 1  # bump when the meaning of a checkpoint's key changes
@@ -84,7 +84,7 @@ class Recipe:
 
 
 def _base_weights_id(spec: str) -> str:
-    from .model import EMBEDDED, GGUF_SHA256, TINY
+    from ..engine.models import EMBEDDED, GGUF_SHA256, TINY
 
     if spec == EMBEDDED:
         return GGUF_SHA256
@@ -92,7 +92,7 @@ def _base_weights_id(spec: str) -> str:
         return f"{spec}:seed0"
     p = Path(spec).expanduser()
     if p.exists():
-        from .model import sha256_file
+        from ..engine.models import sha256_file
 
         files = sorted(p.glob("*.safetensors"))
         return ",".join(sha256_file(f) for f in files) or str(p.resolve())
@@ -117,7 +117,7 @@ def scratch_model(name: str, seed: int = 0) -> torch.nn.Module:
 
 def _base_loaded(recipe: Recipe, device: str = "cpu"):
     """The LoadedModel training starts from (for a scratch recipe: the fresh init)."""
-    from .model import LoadedModel, _load_embedded_tokenizer, _resolve_device, load_model
+    from ..engine.models import LoadedModel, _load_embedded_tokenizer, _resolve_device, load_model
 
     device = _resolve_device(device)
     if not recipe.scratch:
@@ -200,7 +200,7 @@ def load(recipe: Recipe, device: str = "auto", dtype=None, root: Path | None = N
          progress: bool = True):
     """A LoadedModel with the weights of ``recipe``'s finished checkpoint (trained first if missing and
     ``train_if_missing``), on ``device`` in ``dtype`` (default as :func:`earlyexit.model.load_model`)."""
-    from .model import LoadedModel, _resolve_device, _resolve_dtype, sha256_file
+    from ..engine.models import LoadedModel, _resolve_device, _resolve_dtype, sha256_file
 
     if not is_complete(recipe, root):
         if not train_if_missing:
@@ -245,7 +245,7 @@ def recipes_for_profile(profile: str, model: str | None = None) -> dict[str, Rec
     """The recipes chapter 6 trains under ``profile`` (profiles/<profile>.yml); chapters 7 and 8 load them.
 
     ``model``, when given, must be the profile's model: the trained checkpoint is of that model."""
-    from . import runner
+    from ..book import runner
 
     prof = runner.load_profile(profile)
     p = prof.parameters("06_training")
@@ -271,8 +271,8 @@ def layer_agreement(lm, n_blocks: int, seq_len: int, batch_size: int = 4):
     model's weights. Columns: block, layer (1-based: layers run), agreement, loss, tokens."""
     import pandas as pd
 
-    from . import store
-    from .train import per_layer_agreement
+    from ..book import store
+    from .loop import per_layer_agreement
 
     def compute():
         rows = []

@@ -16,9 +16,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from .paths import REPO_ROOT
+from ..paths import REPO_ROOT
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def git_info(root: Path = REPO_ROOT) -> dict:
@@ -43,8 +43,8 @@ def code_version(package_dir: Path = PACKAGE_DIR) -> str:
     and not when a notebook, the README or a profile does.
     """
     h = hashlib.sha256()
-    for f in sorted(package_dir.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in sorted(package_dir.rglob("*.py")):
+        h.update(f.relative_to(package_dir).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
 

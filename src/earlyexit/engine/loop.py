@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .cache import COMPUTED, HOLE, PAD, RECOMPUTED, KVCache
-from .exits import ExitRule, Oracle, SkipDecode, make_rule
+from .rules import ExitRule, Oracle, SkipDecode, make_rule
 from .fill import LazyRecompute, Strategy, make_strategy
 
 COUNTERS = ("layers_run", "recompute_layers", "copied_kv", "head_checks", "hole_reads", "hole_weight")

