@@ -4,9 +4,9 @@ import torch
 
 from earlyexit.engine.cache import HOLE
 from earlyexit.corpus import encode, load_prompts
-from earlyexit.engine.loop import generate
+from helpers import gen as generate
+from helpers import spec as self_speculative
 from earlyexit.engine.models import GGUF_NAME, embedded_dir, load_model
-from earlyexit.engine.speculative import self_speculative
 
 pytestmark = [pytest.mark.embedded,
               pytest.mark.skipif(not (embedded_dir() / GGUF_NAME).exists(),
@@ -52,17 +52,16 @@ def test_recompute_leaves_the_teacher_forced_cache(lm, prompts):
     for ids in prompts[:2]:
         toks = {}
         for strat in ("lazy-recompute", "eager-recompute"):
-            tr = generate(lm, [ids], 24, rule="softmax", rule_kw=kw, strategy=strat, stop_at_eos=False)
+            tr = generate(lm, [ids], 24, rule="softmax", rule_kw=kw, strategy=strat, stop_at_eos=False,
+                          flush=True, return_kv=True)
             assert (tr.exit_layer[0] < 30).any()
-            eng = tr.meta["engine"]
-            eng.strategy.flush(eng)
             seq = ids + tr.tokens[0, :-1].tolist()
             with torch.no_grad():
                 pkv = lm.model(torch.tensor([seq]), use_cache=True).past_key_values
             for l, layer in enumerate(pkv.layers):
-                assert torch.allclose(eng.cache.k[l, 0, :, :len(seq)], layer.keys[0], atol=1e-4)
-                assert torch.allclose(eng.cache.v[l, 0, :, :len(seq)], layer.values[0], atol=1e-4)
-            assert not (eng.cache.state[:, 0, :len(seq)] == HOLE).any()
+                assert torch.allclose(tr.kv[0][l, 0, :, :len(seq)], layer.keys[0], atol=1e-4)
+                assert torch.allclose(tr.kv[1][l, 0, :, :len(seq)], layer.values[0], atol=1e-4)
+            assert not (tr.flushed_state[:, 0, :len(seq)] == HOLE).any()
             toks[strat] = tr.tokens[0].tolist()
         assert toks["lazy-recompute"] == toks["eager-recompute"]
 
@@ -79,4 +78,4 @@ def test_oracle_with_lazy_recompute_is_the_full_model(lm, prompts):
 def test_self_speculative_is_lossless(lm, prompts, E, d):
     for ids in prompts[:2]:
         full = generate(lm, [ids], 24, stop_at_eos=False).tokens[0].tolist()
-        assert self_speculative(lm, ids, 24, E, d, stop_at_eos=False).tokens == full
+        assert self_speculative(lm, ids, 24, E, d, stop_at_eos=False).sequences()[0] == full

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from earlyexit.engine.cache import COMPUTED, COPIED, HOLE, RECOMPUTED
-from earlyexit.engine.loop import generate
+from helpers import gen as generate
 from earlyexit.engine.rules import make_rule
 from earlyexit.engine.models import tiny_model
 
@@ -59,19 +59,18 @@ def test_recompute_is_exact(models, rule):
     n = 14
     runs = {}
     for strat in ["lazy-recompute", "eager-recompute"]:
-        tr = generate(m, [ids], n, rule=rule, rule_kw=RULES[rule], strategy=strat, stop_at_eos=False)
-        eng = tr.meta["engine"]
-        eng.strategy.flush(eng)
-        runs[strat] = (tr, eng)
+        tr = generate(m, [ids], n, rule=rule, rule_kw=RULES[rule], strategy=strat, stop_at_eos=False,
+                      flush=True, return_kv=True)
+        runs[strat] = tr
         assert (tr.exit_layer[0] < m.config.num_hidden_layers).any(), "the test needs some exits"
         seq = ids + tr.tokens[0, :-1].tolist()
         ref = teacher_forced_cache(m, seq)
         T = len(seq)
         for l, (k, v) in enumerate(ref):
-            assert torch.allclose(eng.cache.k[l, 0, :, :T], k, atol=1e-4), (strat, l)
-            assert torch.allclose(eng.cache.v[l, 0, :, :T], v, atol=1e-4), (strat, l)
-        assert not (eng.cache.state[:, 0, :T] == HOLE).any()
-    assert runs["lazy-recompute"][0].tokens.tolist() == runs["eager-recompute"][0].tokens.tolist()
+            assert torch.allclose(tr.kv[0][l, 0, :, :T], k, atol=1e-4), (strat, l)
+            assert torch.allclose(tr.kv[1][l, 0, :, :T], v, atol=1e-4), (strat, l)
+        assert not (tr.flushed_state[:, 0, :T] == HOLE).any()
+    assert runs["lazy-recompute"].tokens.tolist() == runs["eager-recompute"].tokens.tolist()
 
 
 def test_lazy_recompute_with_oracle_equals_full_depth(models):
@@ -130,16 +129,18 @@ def test_naive_forms_differ_and_copy_forward_writes_copies(models):
 def test_skipdecode_never_reads_a_hole(models):
     m = models["tiny-llama"]
     L = m.config.num_hidden_layers
-    rule = make_rule("skipdecode", L, e_max=L, e_min=3, horizon=6, warmup=1)
+    kw = dict(e_max=L, e_min=3, horizon=6, warmup=1)
+    rule = make_rule("skipdecode", L, **kw)
     for t in range(1, 20):  # each token's layers are contained in every earlier token's
-        assert set(rule.layers(t)) <= set(rule.layers(t - 1))
+        assert set(rule.plan(t)) <= set(rule.plan(t - 1))
     ids = prompt(2)
     for strat in ["naive-mask", "naive-undefined"]:
-        tr = generate(m, [ids], 16, rule=rule, strategy=strat, stop_at_eos=False)
+        tr = generate(m, [ids], 16, rule="skipdecode", rule_kw=kw, strategy=strat, stop_at_eos=False)
         assert (tr.state == HOLE)[:, 0, tr.prompt_len:tr.prompt_len + 15].any(), "unwritten entries exist"
         assert tr.counts["hole_reads"].sum() == 0
-    a = generate(m, [ids], 16, rule=rule, strategy="naive-mask", stop_at_eos=False, return_logits=True)
-    b = generate(m, [ids], 16, rule=rule, strategy="naive-undefined", stop_at_eos=False, return_logits=True)
+    a = generate(m, [ids], 16, rule="skipdecode", rule_kw=kw, strategy="naive-mask", stop_at_eos=False, return_logits=True)
+    b = generate(m, [ids], 16, rule="skipdecode", rule_kw=kw, strategy="naive-undefined", stop_at_eos=False,
+                 return_logits=True)
     assert torch.equal(a.logits, b.logits)  # nothing read a hole, so the two forms cannot differ
 
 
@@ -220,4 +221,4 @@ def test_cache_memory_is_reported(models):
     tr = generate(m, [prompt(0)], 4, stop_at_eos=False)
     c = m.config
     d = c.hidden_size // c.num_attention_heads
-    assert tr.meta["cache_bytes"] == 2 * c.num_hidden_layers * c.num_key_value_heads * d * (10 + 4) * 4
+    assert tr.cache_bytes == 2 * c.num_hidden_layers * c.num_key_value_heads * d * (10 + 4) * 4

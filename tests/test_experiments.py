@@ -11,6 +11,9 @@ import torch
 from earlyexit.book import costs, drift, plots, points, probes, prompts, timing
 from earlyexit import paths
 from earlyexit.engine.cache import COMPUTED, HOLE
+from earlyexit.engine import DecodeConfig
+
+EE = DecodeConfig.early_exit
 
 N = 8
 
@@ -46,31 +49,31 @@ def test_eval_set_is_deterministic_and_has_references(lm, es):
 
 
 def test_full_point_is_consistent_with_itself_and_cached(lm, es):
-    df = points.point(lm, es, N, "full")
+    df = points.point(lm, es, N, EE("full"))
     L = lm.num_layers
     assert (df["exact_match"] == 1).all() and (df["rouge_full"] == 1).all()
     assert np.allclose(df["layers"], L) and np.allclose(df["exit_rate"], 0)
     assert np.allclose(df["flop_fraction"], 1.0)
     assert (df["ttd"] == df["n_gen"]).all()
-    again = points.point(lm, es, N, "full")                 # read from the cache: the same table
+    again = points.point(lm, es, N, EE("full"))                 # read from the cache: the same table
     pd.testing.assert_frame_equal(df, again)
 
 
 def test_oracle_lazy_is_exact_and_layers_add_up(lm, es):
     L = lm.num_layers
-    df = points.point(lm, es, N, "oracle", "lazy-recompute")
+    df = points.point(lm, es, N, EE("oracle", "lazy-recompute"))
     assert (df["exact_match"] == 1).all()
     assert (df["hole_reads"] == 0).all()
     total = df["own_layers"] + df["recompute_layers"] + df["pending_layers"]
     assert np.allclose(total, L), total
-    eager = points.point(lm, es, N, "oracle", "eager-recompute")
+    eager = points.point(lm, es, N, EE("oracle", "eager-recompute"))
     assert np.allclose(eager["own_layers"] + eager["recompute_layers"], L)
 
 
 def test_scripted_naive_point_counts_exits_and_hole_reads(lm, es):
     L = lm.num_layers
     exits = (L, 2, L, 3)        # tokens 1 and 3 exit early, the others run all layers
-    df = points.point(lm, es, N, "scripted", "naive-mask", {"exits": exits})
+    df = points.point(lm, es, N, EE("scripted", exits=exits))
     for _, r in df.iterrows():
         got = points.split_ints(r["exits"])
         assert got[:4] == [L, 2, L, 3][: len(got[:4])]
@@ -81,9 +84,9 @@ def test_scripted_naive_point_counts_exits_and_hole_reads(lm, es):
 
 def test_sweep_with_ppl_for_one_label(lm, es):
     cfgs = points.threshold_configs("softmax", [0.2, 0.9], ["naive-mask"], min_layer=3)
-    want = points.label("softmax", "naive-mask", {"threshold": 0.9})
+    want = EE("softmax", threshold=0.9).label
     df = points.sweep(lm, es, N, cfgs, ppl_for=[want], progress=False)
-    assert set(df["label"]) == {want, points.label("softmax", "naive-mask", {"threshold": 0.2})}
+    assert set(df["label"]) == {want, EE("softmax", threshold=0.2).label}
     with_ref = df[(df["label"] == want) & df["rouge_ref"].notna()]
     assert (with_ref["ppl_ref"] > 1).all()
     assert df[df["label"] != want]["ppl_ref"].isna().all()
@@ -111,7 +114,7 @@ def test_exit_state_mask_marks_layers_above_each_exit():
 
 def test_provenance_frame_has_holes_exactly_above_the_exit(lm, es):
     L = lm.num_layers
-    fr = probes.provenance_point(lm, es, 0, N, "scripted", "naive-mask", {"exits": (L, 2)})
+    fr = probes.provenance_point(lm, es, 0, N, EE("scripted", exits=(L, 2)))
     col = fr[fr["position"] == 0]          # token 1's step writes the first generated column
     assert (col[col["layer"] <= 2]["state"] == COMPUTED).all()
     assert (col[col["layer"] > 2]["state"] == HOLE).all()
@@ -125,7 +128,7 @@ def test_provenance_frame_has_holes_exactly_above_the_exit(lm, es):
 
 
 def test_attention_above_exits_is_a_probability_mass(lm, es):
-    df = points.point(lm, es, N, "oracle", "naive-mask")
+    df = points.point(lm, es, N, EE("oracle", "naive-mask"))
     mass = probes.attention_above_exits(lm, es, df)
     v = mass["mass"].dropna()
     assert len(v) and ((v >= 0) & (v <= 1 + 1e-6)).all()
@@ -135,8 +138,7 @@ def test_attention_above_exits_is_a_probability_mass(lm, es):
 def test_drift_lazy_is_exact_and_copies_are_not(lm, es):
     L = lm.num_layers
     sub = es.subset(2)
-    kw = {"threshold": 0.2, "min_layer": 2}
-    d = drift.drift_point(lm, sub, 10, [{"rule": "softmax", "strategy": s, "rule_kw": kw}
+    d = drift.drift_point(lm, sub, 10, [EE("softmax", s, threshold=0.2, min_layer=2)
                                      for s in ("lazy-recompute", "copy-forward")])
     lazy = d[d["strategy"] == "lazy-recompute"]
     assert lazy[lazy["exit"] == L]["kl"].max() < 1e-6
@@ -147,16 +149,16 @@ def test_drift_lazy_is_exact_and_copies_are_not(lm, es):
 
 
 def test_lazy_audit_matches_the_full_cache(lm, es):
-    a = drift.lazy_audit(lm, es.ids[0], N, "scripted", {"exits": (lm.num_layers, 2, 3, 1)})
+    a = drift.lazy_audit(lm, es.ids[0], N, "scripted", exits=(lm.num_layers, 2, 3, 1))
     assert a["holes_after_flush"] == 0 and a["recomputed_entries"] > 0
     assert a["max_abs_k"] < 1e-4 and a["max_abs_v"] < 1e-4
 
 
 def test_time_point_rows(lm, es):
-    t1 = timing.time_point(lm, es.subset(2), 4, "full", batch=1, repeats=1)
+    t1 = timing.time_point(lm, es.subset(2), 4, EE("full"), batch=1, repeats=1)
     assert len(t1) == 2 and (t1["tok_s"] > 0).all()
-    tb = timing.time_point(lm, es.subset(2), 4, "skipdecode", "naive-mask",
-                       {"e_max": 6, "e_min": 3, "horizon": 4, "warmup": 1}, batch=2, repeats=1)
+    tb = timing.time_point(lm, es.subset(2), 4, EE("skipdecode", e_max=6, e_min=3, horizon=4, warmup=1), batch=2,
+                           repeats=1)
     assert len(tb) == 1 and tb["batch"].iloc[0] == 2 and tb["layers"].iloc[0] < 6
 
 
@@ -169,7 +171,7 @@ def test_skip_schedule_layers_shrink_and_nest():
 
 
 def test_flop_breakdown_of_full_depth_and_head_cost_on_smollm2_shape(lm, es):
-    df = points.point(lm, es, N, "full")
+    df = points.point(lm, es, N, EE("full"))
     fb = costs.flop_breakdown(lm, df)
     assert np.allclose(fb.sum(axis=1), 1.0, atol=1e-6)
     smol = types.SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
@@ -179,16 +181,18 @@ def test_flop_breakdown_of_full_depth_and_head_cost_on_smollm2_shape(lm, es):
 
 
 def test_set_threads_and_labels():
+    from earlyexit.engine.models import set_threads
+
     n = torch.get_num_threads()
-    assert points.set_threads(0) == n
-    assert points.label("static", "naive-mask", {"layer": 3}) == "static@3"
-    assert points.label("softmax", "copy-forward", {"threshold": 0.9}) == "softmax 0.9 / copy-forward"
+    assert set_threads(0) == n
+    assert EE("static", layer=3).label == "static@3"
+    assert EE("softmax", "copy-forward", threshold=0.9).label == "softmax 0.9 / copy-forward"
     assert points.split_ints("1 2 3") == [1, 2, 3] and points.split_ints(float("nan")) == []
 
 
 def test_time_replay_uses_the_recorded_exits(lm, es):
     sub = es.subset(2)
-    df = points.point(lm, sub, 6, "scripted", "naive-mask", {"exits": (6, 2, 6, 3)})
+    df = points.point(lm, sub, 6, EE("scripted", exits=(6, 2, 6, 3)))
     t = timing.time_replay(lm, sub, 6, df, "eager-recompute", repeats=1)
     assert len(t) == 2 and (t["tok_s"] > 0).all()
     assert np.allclose(t["layers"], lm.num_layers)          # eager runs every skipped layer at once

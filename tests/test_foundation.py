@@ -32,12 +32,17 @@ def test_notebook_sources_are_stripped(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_parameters_match_schema(path):
-    """First code cell tagged 'parameters'; the next one calls params.check; defaults agree."""
+    """First code cell tagged 'parameters'; the next one is the chapter's whole set-up, a few lines that
+    call chapter.setup (which checks the parameters), folded in the book; defaults agree with the schema."""
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert "parameters" in code[0].metadata.get("tags", []), f"{path.name}: first code cell must be tagged"
-    assert f'params.check("{path.stem}", globals())' in code[1].source, \
-        f"{path.name}: the cell after the parameters must call params.check({path.stem!r}, globals())"
+    assert f'chapter.setup("{path.stem}", globals()' in code[1].source, \
+        f"{path.name}: the cell after the parameters must call chapter.setup({path.stem!r}, globals())"
+    lines = [ln for ln in code[1].source.splitlines() if ln.strip()]
+    assert len(lines) <= 6, f"{path.name}: the set-up cell has {len(lines)} lines; keep it to a few"
+    assert nb.cells.index(code[1]) == nb.cells.index(code[0]) + 1, f"{path.name}: set-up follows the parameters"
+    assert {"hide-cell", "remove-cell"} & set(code[1].metadata.get("tags", [])), f"{path.name}: fold the set-up"
     ns: dict = {}
     exec(code[0].source, ns)  # noqa: S102 - our own notebook's literal assignments
     values = {k: v for k, v in ns.items() if not k.startswith("_")}

@@ -20,7 +20,7 @@ import torch
 
 from earlyexit.book import provenance, store
 from earlyexit.engine import models as M
-from earlyexit.engine.loop import generate
+from helpers import gen as generate
 
 BLOCKED = "http://127.0.0.1:9"  # the discard port: nothing listens, every connection is refused
 HAVE_EMBEDDED = (M.embedded_dir() / M.GGUF_NAME).exists()
@@ -90,12 +90,12 @@ def test_embedded_model_loads_and_generates_with_the_network_blocked():
     script = NO_NETWORK + textwrap.dedent("""
         import json, os
         import earlyexit
-        from earlyexit.engine.loop import generate
+        from earlyexit.engine import DecodeConfig, decode
         from earlyexit.engine.models import load_model
 
         lm = load_model("smollm2-135m", device="cpu")
         ids = lm.tokenizer("The capital of France is")["input_ids"]
-        tr = generate(lm, [ids], 8, stop_at_eos=False)
+        tr = decode(lm, [ids], DecodeConfig.full(), 8, stop_at_eos=False)
         try:  # offline, an unknown hub id fails at once: no request, no retries
             load_model("someone/not-here", device="cpu")
             unknown = None

@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from earlyexit.engine.loop import generate
+from helpers import gen as generate
+from helpers import spec as self_speculative
 from earlyexit.engine.models import tiny_model
-from earlyexit.engine.speculative import hf_assistant_early_exit, self_speculative
+from earlyexit.engine import DecodeConfig, decode
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +23,9 @@ def test_self_speculative_equals_full_depth(model, E, d):
         ids = prompt(seed)
         full = generate(model, [ids], 24, stop_at_eos=False).tokens[0].tolist()
         spec = self_speculative(model, ids, 24, E, d, stop_at_eos=False)
-        assert spec.tokens == full
-        assert 0 <= spec.accepted <= spec.drafted == spec.rounds * d
+        assert spec.sequences()[0] == full
+        accepted, drafted = int(spec.counts["accepted"].sum()), int(spec.counts["drafted"].sum())
+        assert 0 <= accepted <= drafted == int(spec.rounds[0]) * d
 
 
 def test_acceptance_is_total_when_draft_is_the_model(model):
@@ -39,18 +41,18 @@ def test_acceptance_is_total_when_draft_is_the_model(model):
     L = m.config.num_hidden_layers
     spec = self_speculative(m, prompt(1), 20, L - 1, 4, stop_at_eos=False)
     assert spec.acceptance == 1.0
-    assert spec.tokens == generate(m, [prompt(1)], 20, stop_at_eos=False).tokens[0].tolist()
+    assert spec.sequences()[0] == generate(m, [prompt(1)], 20, stop_at_eos=False).tokens[0].tolist()
 
 
 def test_hf_peer_agrees(model):
     ids = prompt(2)
     full = generate(model, [ids], 16, stop_at_eos=False).tokens[0].tolist()
-    toks, wall = hf_assistant_early_exit(model, ids, 16, 3, 4, stop_at_eos=False)
-    assert toks == full and wall > 0
+    r = decode(model, [ids], DecodeConfig.hf_assistant(3, 4), 16, stop_at_eos=False)
+    assert r.sequences()[0] == full and r.wall_s > 0
 
 
-@pytest.mark.parametrize("E, d, match", [(0, 2, r"\[1, 5\]"), (6, 2, r"\[1, 5\]"), (3, 0, "draft_len"),
-                                         (2.5, 2, r"\[1, 5\]")])
+@pytest.mark.parametrize("E, d, match", [(0, 2, "exit_layer"), (6, 2, r"\[1, 5\]"), (3, 0, "draft_len"),
+                                         (2.5, 2, "exit_layer")])
 def test_bad_arguments(model, E, d, match):
     with pytest.raises(ValueError, match=match):
         self_speculative(model, prompt(0), 8, E, d)

@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from earlyexit.training.loop import (CURRICULA, SCALES, TrainConfig, curriculum_layers, early_exit_loss,
-                             exit_logits, exit_loss_weights, forward_layers, latest_checkpoint,
-                             layer_dropout_rates, lr_at, per_layer_agreement, train)
+from earlyexit.training.forward import early_exit_loss, exit_logits, forward_layers, per_layer_agreement
+from earlyexit.training.loop import latest_checkpoint, train
+from earlyexit.training.recipe import (CURRICULA, SCALES, TrainConfig, curriculum_layers, exit_loss_weights,
+                                       layer_dropout_rates, lr_at)
 
 VOCAB = 256
 

@@ -13,7 +13,9 @@ from earlyexit import paths
 from earlyexit.book import compare, metrics, params
 from earlyexit.book import points, prompts
 from earlyexit.training import checkpoints as tr
-from earlyexit.training.loop import TrainConfig
+from earlyexit.book import trained
+from earlyexit.engine import DecodeConfig
+from earlyexit.training.recipe import TrainConfig
 
 N = 6
 
@@ -58,9 +60,9 @@ def test_bad_recipes_fail_before_any_work():
 
 
 def test_batches_are_deterministic_in_any_order():
-    from earlyexit.engine.models import _load_embedded_tokenizer
+    from earlyexit.engine.models import embedded_tokenizer
 
-    tok = _load_embedded_tokenizer()
+    tok = embedded_tokenizer()
     a, b = tr.Batches(tok, 2, 16, seed=0), tr.Batches(tok, 2, 16, seed=0)
     late_first = b(3)
     assert torch.equal(a(0), b(0)) and torch.equal(a(3), late_first)
@@ -124,23 +126,23 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
 
 def test_recipes_follow_chapter_six_parameters():
     p = params.validate(params.get("06_training"), {"model": "tiny-llama", "steps": 5, "scratch_steps": 7})
-    rs = tr.recipes(p)
+    rs = trained.recipes(p)
     assert set(rs) == {"layerskip", "scratch-baseline", "scratch-layerskip"}
     assert rs["layerskip"].base == "tiny-llama" and rs["layerskip"].cfg.steps == 5
     b, s = rs["scratch-baseline"], rs["scratch-layerskip"]
     assert (b.cfg.recipe, s.cfg.recipe) == (False, True)
     assert replace(b.cfg, recipe=True) == s.cfg and b.base == s.base and b.data_seed == s.data_seed
-    smoke = tr.recipes_for_profile("smoke")
+    smoke = trained.recipes_for_profile("smoke")
     assert smoke["layerskip"].base == "tiny-llama"
     with pytest.raises(ValueError, match="trains 'tiny-llama' in chapter 6, not 'smollm2-135m'"):
-        tr.recipes_for_profile("smoke", model="smollm2-135m")
+        trained.recipes_for_profile("smoke", model="smollm2-135m")
 
 
 def test_layer_agreement_last_layer_agrees_with_itself():
     from earlyexit.engine.models import load_model
 
     lm = load_model("tiny-llama")
-    df = tr.layer_agreement(lm, 2, 24)
+    df = trained.layer_agreement(lm, 2, 24)
     assert sorted(df["layer"].unique()) == list(range(1, lm.num_layers + 1))
     last = df[df.layer == lm.num_layers]
     assert np.allclose(last["agreement"], 1.0) and (df["tokens"] == 23).all()
@@ -203,7 +205,7 @@ def test_method_points_cover_every_method_and_self_speculation_is_exact(tiny, ca
     assert (spec["consistency"] == 1.0).all() and (spec["exact_match"] == 1.0).all()
     orc = pts[pts.method == "oracle exits"]
     assert (orc["consistency"] == 1.0).all()
-    full = points.point(lm, es, N, "full")
+    full = points.point(lm, es, N, DecodeConfig.full())
     assert np.isclose(pts[pts.method == "lazy-recompute"]["speed"].iloc[0] * float(full["batch_tok_s"].iloc[0]),
                       pts[pts.method == "lazy-recompute"]["batch_tok_s"].iloc[0])
     # self-speculation's layers count decoding steps only, like the other methods: at most L per draft

@@ -1,14 +1,15 @@
 """Every method on every model, on the same prompts: the comparison chapter's tables.
 
-    pts = compare.method_points(lm, es, n_new, thresholds=[...], min_layer=15, static_layers=[...],
-                                e_mins=[...], spec=[(E, d), ...], spec_set=es.subset(4))
+    pts = compare.method_points(lm, es, n_new, rule="softmax", thresholds=[...], min_layer=15,
+                                static_layers=[...], e_mins=[...], spec=[(E, d), ...], spec_set=es.subset(4))
     summ = compare.summarize(pts)              # one row per (method, operating point), with intervals
     best = compare.best_at(summ, target=0.95)  # the cheapest point of each method at >= 95% consistency
 
 A *method* is a row family of the Pareto figure: the five fill strategies under the confidence rule, the
 static exit (a lower bound that needs no cache fix), SkipDecode, oracle exits with an exact cache (what any
 exit rule could at best reach) and LayerSkip self-speculation (exact by construction). Every point comes
-from :mod:`earlyexit.experiments` and so from the result cache when another chapter computed it.
+from :mod:`earlyexit.book.points` and :mod:`earlyexit.book.timing`, and so from the result cache when another
+chapter computed it.
 
 Columns of :func:`method_points` (one row per prompt and point): method, label, layers (decoder layers
 per generated token, recomputation included), consistency (ROUGE-L of the token ids against the full
@@ -20,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..engine import DecodeConfig
 from . import metrics, points, prompts, timing
 from .prompts import EvalSet
 
@@ -29,47 +31,70 @@ METHODS = (*FILL, "SkipDecode", "self-speculation", "static exit", "oracle exits
 BOUNDS = ("static exit", "oracle exits")
 
 
+def method_configs(L: int, n_new: int, *, rule: str, thresholds, min_layer: int, static_layers, e_mins,
+                   strategies=FILL, skip_warmup: int = 1) -> list[DecodeConfig]:
+    """The early-exit configurations of the Pareto figure on an ``L``-layer model: the confidence rule at each
+    threshold with each strategy, the static exits, SkipDecode at each final budget, and oracle exits with an
+    exact cache."""
+    E = DecodeConfig.early_exit
+    cfgs = points.threshold_configs(rule, thresholds, strategies, min_layer=min_layer)
+    cfgs += [E("static", layer=int(l)) for l in sorted({min(max(1, int(l)), L) for l in static_layers})]
+    cfgs += [E("skipdecode", e_max=L, e_min=int(min(max(e, skip_warmup + 1), L)), horizon=n_new, warmup=skip_warmup)
+             for e in sorted(set(e_mins))]
+    cfgs += [E("oracle", "lazy-recompute")]
+    return cfgs
+
+
 def method_points(lm, es: EvalSet, n_new: int, *, rule: str, thresholds, min_layer: int, static_layers,
                   e_mins, spec=(), spec_set: EvalSet | None = None, strategies=FILL, skip_warmup: int = 1,
                   spec_repeats: int = 1) -> pd.DataFrame:
     """Every method's points on ``lm`` (see the module docstring); one row per prompt and point."""
-    L = lm.num_layers
-    rule_kw = {"min_layer": min_layer}
-    full = points.point(lm, es, n_new, "full")
+    full = points.point(lm, es, n_new, DecodeConfig.full())
     full_speed = float(full["batch_tok_s"].iloc[0])
-    cfgs = points.threshold_configs(rule, thresholds, strategies, **rule_kw)
-    cfgs += [{"rule": "static", "strategy": "naive-mask", "rule_kw": {"layer": int(l)}}
-             for l in sorted({min(max(1, int(l)), L) for l in static_layers})]
-    cfgs += [{"rule": "skipdecode", "strategy": "naive-mask",
-              "rule_kw": {"e_max": L, "e_min": int(min(max(e, skip_warmup + 1), L)), "horizon": n_new,
-                          "warmup": skip_warmup}}
-             for e in sorted(set(e_mins))]
-    cfgs += [{"rule": "oracle", "strategy": "lazy-recompute"}]
+    cfgs = method_configs(lm.num_layers, n_new, rule=rule, thresholds=thresholds, min_layer=min_layer,
+                          static_layers=static_layers, e_mins=e_mins, strategies=strategies, skip_warmup=skip_warmup)
     df = points.sweep(lm, es, n_new, cfgs)
     df["method"] = np.select([df.rule == "static", df.rule == "skipdecode", df.rule == "oracle"],
                              ["static exit", "SkipDecode", "oracle exits"], df.strategy)
     df["consistency"] = df["rouge_full"]
     df["speed"] = df["batch_tok_s"] / full_speed
     frames = [df]
+    sset = spec_set or es
     for E, d in spec:
-        peer = _has_peer_point(lm, spec_set or es, n_new, E, d, spec_repeats)  # reuse chapter 7's timing
-        sp = timing.spec_point(lm, spec_set or es, n_new, int(E), int(d), repeats=spec_repeats, peer=peer)
+        peer = timing.has_spec_point(lm, sset, n_new, int(E), int(d), spec_repeats)  # reuse chapter 7's timing
+        sp = timing.spec_point(lm, sset, n_new, int(E), int(d), repeats=spec_repeats, peer=peer)
         frames.append(pd.DataFrame({
             "prompt": sp["prompt"], "method": "self-speculation", "rule": "self-speculation",
-            "strategy": "self-speculation", "label": [f"self-spec E={E} d={d}"] * len(sp),
+            "strategy": "self-speculation", "label": [DecodeConfig.self_speculation(int(E), int(d)).label] * len(sp),
             "layers": sp["layers"], "consistency": np.where(sp["lossless"], 1.0, np.nan),
             "exact_match": sp["lossless"].astype(float), "speed": sp["speedup"], "acceptance": sp["acceptance"]}))
-    out = pd.concat(frames, ignore_index=True)
-    return out
+    return pd.concat(frames, ignore_index=True)
 
 
-def _has_peer_point(lm, es, n_new, E, d, repeats) -> bool:
-    """Whether chapter 7 already timed (E, d) with the transformers peer (then reuse that entry)."""
-    from . import store
+def model_points(models: dict, released_layers: int, es: EvalSet, n_new: int, p, spec_set: EvalSet) -> pd.DataFrame:
+    """:func:`method_points` for each model of ``models`` (key -> LoadedModel) with chapter 8's parameters
+    ``p``: the released model's thresholds, the trained model's, or the from-scratch models'; layer choices
+    made for the released model's depth mapped to each model's (:func:`scale_layers`). Adds ``model``, ``L``."""
+    frames = []
+    for key, lm in models.items():
+        L = lm.num_layers
+        thr = {"released": p["thresholds"], "trained": p["trained_thresholds"]}.get(key, p["scratch_thresholds"])
+        spec = [(E, d) for E in scale_layers(p["exit_layers"], released_layers, L, 1, L - 1) for d in p["draft_lens"]]
+        pts = method_points(lm, es, n_new, rule=p["rule"], thresholds=thr,
+                            min_layer=points.default_min_layer(p["min_layer"], L),
+                            static_layers=scale_layers(p["static_layers"], released_layers, L),
+                            e_mins=scale_layers(p["e_mins"], released_layers, L, 2), spec=spec, spec_set=spec_set,
+                            spec_repeats=p["timing_repeats"])
+        frames.append(pts.assign(model=key, L=L))
+    return pd.concat(frames, ignore_index=True)
 
-    params = {"prompts": es.spec, "n_new": n_new, "E": int(E), "d": int(d), "repeats": repeats, "peer": True,
-              "threads": __import__("torch").get_num_threads()}
-    return store.has("spec_point", params, model=lm)
+
+def best_table(summ: pd.DataFrame, target: float, names: dict, exclude=("oracle exits",)) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(best points, the formatted table) of a :func:`summarize` over models: per model and method the
+    point of :func:`best_at`; models shown by their display ``names``."""
+    best = best_at(summ[~summ.method.isin(list(exclude))], target, by=("model", "method"))
+    shown = best.assign(model=best["model"].map(names))
+    return best, table(shown)
 
 
 def summarize(pts: pd.DataFrame, seed: int = 0, n_boot: int = 2000, by=("method", "label")) -> pd.DataFrame:
@@ -103,7 +128,7 @@ def pareto_front(summ: pd.DataFrame, x: str = "layers", y: str = "consistency", 
 
 def error_split(lm, es: EvalSet, n_new: int, *, rule: str, threshold: float, min_layer: int,
                 strategies=("naive-mask", "naive-undefined", "copy-forward", "lazy-recompute", "eager-recompute"),
-                seed: int = 0, n_boot: int = 2000) -> pd.DataFrame:
+                seed: int = 0, n_boot: int = 2000, with_ppl: bool = False) -> pd.DataFrame:
     """CALM's oracle decomposition of each method's consistency loss (1 − ROUGE-L against the full model) at
     one threshold, per prompt and summarized:
 
@@ -112,13 +137,16 @@ def error_split(lm, es: EvalSet, n_new: int, *, rule: str, threshold: float, min
       model's token) with the method's cache, so only the cache is wrong;
     * interaction: what the two do not explain alone (total − exit decision − cache).
 
-    Returns long rows: strategy, part, mean, lo, hi (the parts add up to the total for every prompt)."""
-    kw = {"min_layer": min_layer, "threshold": float(threshold)}
-    conf = points.sweep(lm, es, n_new, [{"rule": rule, "strategy": s, "rule_kw": kw} for s in strategies])
-    orc = points.sweep(lm, es, n_new, [{"rule": "oracle", "strategy": s} for s in strategies])
+    Returns long rows: strategy, part, mean, lo, hi (the parts add up to the total for every prompt).
+    ``with_ppl`` reads the rule's points with their reference perplexity (the same entries a chapter that
+    reports perplexity computed)."""
+    conf = points.sweep(lm, es, n_new, points.threshold_configs(rule, [threshold], strategies, min_layer=min_layer),
+                        ppl_for=with_ppl)
+    orc = points.sweep(lm, es, n_new, [DecodeConfig.early_exit("oracle", s) for s in strategies])
     exit_only = conf[conf.strategy == "lazy-recompute"].set_index("prompt")["rouge_full"] if \
-        "lazy-recompute" in strategies else points.point(lm, es, n_new, rule, "lazy-recompute", kw).set_index(
-            "prompt")["rouge_full"]
+        "lazy-recompute" in strategies else points.point(
+            lm, es, n_new, DecodeConfig.early_exit(rule, "lazy-recompute", min_layer=min_layer,
+                                                   threshold=float(threshold))).set_index("prompt")["rouge_full"]
     rows = []
     for s in strategies:
         total = conf[conf.strategy == s].set_index("prompt")["rouge_full"]
@@ -142,17 +170,16 @@ def calibrate(lm, cal: EvalSet, test: EvalSet, n_new: int, *, rule: str, strateg
     risk ≤ ε. Returns (the smallest accepted λ or None, the test details per λ, and the chosen λ's
     result on the held-out test prompts as a one-row summary with intervals)."""
     lams = [1.0] + sorted({float(t) for t in thresholds if t < 1.0}, reverse=True)
-    kw = {"min_layer": min_layer}
-    pts = points.sweep(lm, cal, n_new, points.threshold_configs(rule, lams, [strategy], **kw))
+    pts = points.sweep(lm, cal, n_new, points.threshold_configs(rule, lams, [strategy], min_layer=min_layer))
     losses = [1.0 - pts[np.isclose(pts.threshold, lam)].sort_values("prompt")["rouge_full"].to_numpy() for lam in lams]
     best, details = metrics.ltt_fixed_sequence(lams, losses, epsilon, delta, return_details=True)
     details["layers"] = [float(pts[np.isclose(pts.threshold, lam)]["layers"].mean()) for lam in lams]
     result = None
     if best is not None:
-        t = points.point(lm, test, n_new, rule, strategy, {**kw, "threshold": best})
+        t = points.point(lm, test, n_new, DecodeConfig.early_exit(rule, strategy, min_layer=min_layer, threshold=best))
         t["consistency"] = t["rouge_full"]
         t["risk"] = 1.0 - t["rouge_full"]
-        full_speed = float(points.point(lm, test, n_new, "full")["batch_tok_s"].iloc[0])
+        full_speed = float(points.point(lm, test, n_new, DecodeConfig.full())["batch_tok_s"].iloc[0])
         t["speed"] = t["batch_tok_s"] / full_speed
         result = points.summary(t.assign(split="test"), "split", ["consistency", "risk", "layers", "speed"])
     return best, details, result
@@ -190,47 +217,32 @@ def table(best: pd.DataFrame) -> pd.DataFrame:
 
 
 def headline(profile: str, model: str | None = None, device: str | None = None) -> pd.DataFrame:
-    """The front page's table: :func:`table` of the best operating points of the released and the trained
-    model, with the comparison chapter's parameters under ``profile``. Every number is read from the
-    result cache when the comparison chapter has run (the runner executes the front page last)."""
+    """The front page's table: chapter 8's summary table (:func:`best_table`) restricted to the released and
+    the trained model, with the comparison chapter's parameters under ``profile``. Every number is read from
+    the result cache when the comparison chapter has run (the runner executes the front page last)."""
     import torch
 
-    from ..engine.models import load_model
-    from ..training import checkpoints as trained
-    from . import runner
+    from ..engine.models import load_model, set_threads
+    from ..training import checkpoints
+    from . import chapter, runner, trained
 
     p = runner.load_profile(profile).parameters("08_comparison")
     if model is not None and model != p["model"]:
         raise ValueError(f"profile {profile!r} compares {p['model']!r}, not {model!r}")
     before = torch.get_num_threads()
-    points.set_threads(p["threads"])  # timing entries are keyed by the thread count they were measured with
+    set_threads(p["threads"])  # timing entries are keyed by the thread count they were measured with
     try:
         dev = device or p["device"]
         released = load_model(p["model"], device=dev, dtype=p["dtype"])
-        recipes = trained.recipes_for_profile(profile, p["model"])
         models = {"released": released}
         if "trained" in p["models"]:
-            models["trained"] = trained.load(recipes["layerskip"], device=dev, dtype=p["dtype"], progress=False)
-        L0 = released.num_layers
+            recipe = trained.recipes_for_profile(profile, p["model"])["layerskip"]
+            models["trained"] = checkpoints.load(recipe, device=dev, dtype=p["dtype"], progress=False)
         es = prompts.eval_set(released, p["prompt_kind"], p["n_prompts"], p["seed"], p["max_prompt_tokens"])
         sset = es.subset(min(p["spec_prompts"], len(es)))
-        frames = []
-        for key, lm in models.items():
-            L = lm.num_layers
-            pts = method_points(lm, es, p["max_new_tokens"], rule=p["rule"],
-                                thresholds=p["thresholds"] if key == "released" else p["trained_thresholds"],
-                                min_layer=min(p["min_layer"] or L // 2, L),
-                                static_layers=scale_layers(p["static_layers"], L0, L),
-                                e_mins=scale_layers(p["e_mins"], L0, L, 2),
-                                spec=[(E, d) for E in scale_layers(p["exit_layers"], L0, L, 1, L - 1)
-                                      for d in p["draft_lens"]],
-                                spec_set=sset, spec_repeats=p["timing_repeats"])
-            frames.append(pts.assign(model=key))
-        summ = summarize(pd.concat(frames, ignore_index=True), seed=p["seed"], n_boot=p["n_boot"],
-                         by=("model", "method", "label"))
-        best = best_at(summ[~summ.method.isin(["oracle exits", "static exit"])], p["target"], by=("model", "method"))
-        name = {"smollm2-135m": "SmolLM2-135M-Instruct"}.get(p["model"], p["model"])
-        best["model"] = best["model"].map({"released": name, "trained": f"{name} + LayerSkip"})
-        return table(best)
+        pts = model_points(models, released.num_layers, es, p["max_new_tokens"], p, sset)
+        summ = summarize(pts, seed=p["seed"], n_boot=p["n_boot"], by=("model", "method", "label"))
+        _, tab = best_table(summ, p["target"], chapter.model_names(p["model"]), exclude=("oracle exits", "static exit"))
+        return tab
     finally:
         torch.set_num_threads(before)

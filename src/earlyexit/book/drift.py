@@ -7,16 +7,17 @@ import pandas as pd
 import torch
 
 from ..engine.cache import COMPUTED, COPIED, HOLE, RECOMPUTED
-from ..engine.loop import generate
+from ..engine import DecodeConfig, Result, decode
+from ..engine.adapter import unwrap
 from . import metrics, store
-from .points import _kw, _rule_args, label
+from .points import point_params
 from .prompts import EvalSet
 
 
 @torch.inference_mode()
 def true_cache(lm, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """K, V (L, H_kv, T, d) of the full model over ``seq``: the cache the invariant asks for."""
-    model = lm.model if hasattr(lm, "tokenizer") else lm
+    model = unwrap(lm)
     x = torch.tensor([seq], device=next(model.parameters()).device)
     pkv = model(x, attention_mask=torch.ones_like(x), use_cache=True).past_key_values
     k = torch.stack([layer.keys[0] for layer in pkv.layers]).float().cpu()
@@ -24,8 +25,10 @@ def true_cache(lm, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return k, v
 
 
-def drift(lm, prompt_ids: list[int], tr, b: int, full_logits: torch.Tensor, full_tokens: list[int]) -> pd.DataFrame:
-    """Per generated position t of row ``b`` of a run teacher-forced on ``full_tokens``:
+def drift(lm, prompt_ids: list[int], tr: Result, b: int, full_logits: torch.Tensor,
+          full_tokens: list[int]) -> pd.DataFrame:
+    """Per generated position t of row ``b`` of a run teacher-forced on ``full_tokens`` (decoded with
+    ``return_kv=True``):
 
     kl        KL(full ‖ method) of the next-token distribution (nats)
     exit      the step's exit layer
@@ -36,14 +39,13 @@ def drift(lm, prompt_ids: list[int], tr, b: int, full_logits: torch.Tensor, full
     copies_seen  copied entries (layer, column) a step at this position can attend to
     """
     n = len(full_tokens)
-    eng = tr.meta["engine"]
-    P, pad = tr.prompt_len, int(tr.pad[b])
+    pad = int(tr.pad[b])
     lp = len(prompt_ids)
     seq = list(prompt_ids) + list(full_tokens[: n - 1])
     kt, vt = true_cache(lm, seq)                                     # (L, Hkv, T, d)
     T = len(seq)
-    km = eng.cache.k[:, b, :, pad: pad + T].float().cpu()            # (L, Hkv, T, d)
-    vm = eng.cache.v[:, b, :, pad: pad + T].float().cpu()
+    km = tr.kv[0][:, b, :, pad: pad + T].float()                     # (L, Hkv, T, d)
+    vm = tr.kv[1][:, b, :, pad: pad + T].float()
     st = tr.state[:, b, pad: pad + T]                                # (L, T)
 
     def rel(a, ref):
@@ -71,10 +73,10 @@ def drift(lm, prompt_ids: list[int], tr, b: int, full_logits: torch.Tensor, full
 
 
 def drift_point(lm, es: EvalSet, n_new: int, configs) -> pd.DataFrame:
-    """:func:`drift` for every prompt and config, teacher-forced on the full model's own continuation
+    """:func:`drift` for every prompt and DecodeConfig, teacher-forced on the full model's own continuation
     (generated with ``stop_at_eos=False``, so every position exists for every method). Cached per config."""
     def full_run():
-        return generate(lm, es.ids, n_new, rule="full", stop_at_eos=False, return_logits=True)
+        return decode(lm, es.ids, DecodeConfig.full(), n_new, stop_at_eos=False, return_logits=True)
 
     holder = {}
 
@@ -84,42 +86,37 @@ def drift_point(lm, es: EvalSet, n_new: int, configs) -> pd.DataFrame:
                 holder["full"] = full_run()
             fr = holder["full"]
             force = fr.tokens.clone()
-            tr = generate(lm, es.ids, n_new, rule=cfg["rule"], strategy=cfg["strategy"],
-                          rule_kw=_rule_args(cfg.get("rule_kw")), force=force, return_logits=True,
-                          stop_at_eos=False)
+            tr = decode(lm, es.ids, cfg, n_new, force=force, return_logits=True, return_kv=True,
+                        stop_at_eos=False)
             frames = [drift(lm, es.ids[b], tr, b, fr.logits, fr.tokens[b].tolist()) for b in range(len(es))]
             df = pd.concat(frames, ignore_index=True)
-            df.insert(0, "label", label(cfg["rule"], cfg["strategy"], cfg.get("rule_kw")))
-            df.insert(1, "strategy", cfg["strategy"])
+            df.insert(0, "label", cfg.label)
+            df.insert(1, "strategy", cfg.strategy)
             return df
 
-        params = {"prompts": es.spec, "n_new": n_new, "rule": cfg["rule"], "strategy": cfg["strategy"],
-                  "rule_kw": _kw(cfg.get("rule_kw"))}
-        return store.cached("drift", params, compute, model=lm)
+        return store.cached("drift", point_params(es, n_new, cfg), compute, model=lm)
 
     return pd.concat([one(c) for c in configs], ignore_index=True)
 
 
-def lazy_audit(lm, ids: list[int], n_new: int, rule: str, rule_kw=None) -> dict:
+def lazy_audit(lm, ids: list[int], n_new: int, rule: str, **rule_kw) -> dict:
     """Decode one prompt with lazy recompute, complete the pending recomputes (``flush``) and compare
     the whole cache with the full model's own cache over the same tokens.
 
     Returns the entries pending before the flush, the holes left after it, the recomputed entries,
     and the largest absolute difference of K and V from the full model's cache.
     """
-    tr = generate(lm, [ids], n_new, rule=rule, strategy="lazy-recompute", rule_kw=_rule_args(rule_kw),
-                  stop_at_eos=False)
-    eng = tr.meta["engine"]
+    cfg = DecodeConfig.early_exit(rule, "lazy-recompute", **rule_kw)
+    tr = decode(lm, [ids], cfg, n_new, stop_at_eos=False, flush=True, return_kv=True)
     n = int(tr.n_new[0])
-    P, pad = tr.prompt_len, int(tr.pad[0])
+    pad = int(tr.pad[0])
     T = len(ids) + n - 1
-    before = eng.cache.state[:, 0, pad: pad + T].clone()
-    eng.strategy.flush(eng)
-    after = eng.cache.state[:, 0, pad: pad + T]
+    before = tr.state[:, 0, pad: pad + T]
+    after = tr.flushed_state[:, 0, pad: pad + T]
     seq = list(ids) + tr.tokens[0, : n - 1].tolist()
     kt, vt = true_cache(lm, seq)
-    km = eng.cache.k[:, 0, :, pad: pad + T].float().cpu()
-    vm = eng.cache.v[:, 0, :, pad: pad + T].float().cpu()
+    km = tr.kv[0][:, 0, :, pad: pad + T].float()
+    vm = tr.kv[1][:, 0, :, pad: pad + T].float()
     return {"pending_before_flush": int((before == HOLE).sum()), "holes_after_flush": int((after == HOLE).sum()),
             "recomputed_entries": int((after == RECOMPUTED).sum()), "entries": int(after.numel()),
             "max_abs_k": float((km - kt).abs().max()), "max_abs_v": float((vm - vt).abs().max()),

@@ -5,8 +5,8 @@ before any work starts; the notebook checks them again in its first code cell, s
 ``papermill -p ...`` run or a hand edit gets the same clear error::
 
     # first code cell, right after the cell tagged "parameters"
-    from earlyexit import params
-    P = params.check("01_kv_cache_invariant", globals())
+    from earlyexit.book import chapter
+    C = chapter.setup("01_kv_cache_invariant", globals())     # calls params.check(...) first
 
 Adding a notebook's schema is a few lines::
 

@@ -14,9 +14,10 @@ import pandas as pd
 import torch
 
 from ..engine.cache import STATE_NAMES
-from ..engine.loop import generate
+from ..engine import DecodeConfig, decode
+from ..engine.adapter import unwrap
 from . import metrics, store
-from .points import _kw, _rule_args, full_depth, split_ints
+from .points import full_depth, point_params, split_ints
 from .prompts import EvalSet
 
 
@@ -63,17 +64,15 @@ def provenance_map_frame(tr, b: int = 0, prompt_cols: int = 4) -> pd.DataFrame:
                          "state_name": [STATE_NAMES[s] for s in m.ravel()]})
 
 
-def provenance_point(lm, es: EvalSet, b: int, n_new: int, rule: str, strategy: str, rule_kw=None,
-                     prompt_cols: int = 4) -> pd.DataFrame:
-    """The provenance map of prompt ``b`` under (rule, strategy), cached; plus the step's hole reads."""
+def provenance_point(lm, es: EvalSet, b: int, n_new: int, cfg: DecodeConfig, prompt_cols: int = 4) -> pd.DataFrame:
+    """The provenance map of prompt ``b`` under ``cfg``, cached; plus the run's hole reads."""
     def compute():
-        tr = generate(lm, [es.ids[b]], n_new, rule=rule, strategy=strategy, rule_kw=_rule_args(rule_kw))
+        tr = decode(lm, [es.ids[b]], cfg, n_new)
         df = provenance_map_frame(tr, 0, prompt_cols)
         df["hole_reads_total"] = float(tr.counts["hole_reads"].sum())
         return df
 
-    params = {"prompts": es.spec, "b": b, "n_new": n_new, "rule": rule, "strategy": strategy,
-              "rule_kw": _kw(rule_kw), "prompt_cols": prompt_cols}
+    params = point_params(es, n_new, cfg, b=b, prompt_cols=prompt_cols)
     return store.cached("provenance", params, compute, model=lm)
 
 
@@ -91,7 +90,7 @@ def eager_attention(model):
 @torch.inference_mode()
 def full_attention(lm, seq: list[int]) -> np.ndarray:
     """(L, H, T, T) attention probabilities of the full model over ``seq`` (one HF forward pass)."""
-    model = lm.model if hasattr(lm, "tokenizer") else lm
+    model = unwrap(lm)
     x = torch.tensor([seq], device=next(model.parameters()).device)
     with eager_attention(model):
         out = model(x, attention_mask=torch.ones_like(x), output_attentions=True)
@@ -141,15 +140,14 @@ def scene(lm, ids: list[int], n_new: int, exits: tuple, strategies) -> pd.DataFr
     distribution. Rows: strategy, t, token, same (token equals the full model's), kl, exit.
     """
     L = lm.config.num_hidden_layers
-    full = generate(lm, [ids], n_new, rule="full", stop_at_eos=False, return_logits=True)
+    full = decode(lm, [ids], DecodeConfig.full(), n_new, stop_at_eos=False, return_logits=True)
     ftoks = full.tokens[0].tolist()
     rows = [{"strategy": "full depth", "t": t, "token": ftoks[t], "same": 1.0, "kl": 0.0, "exit": L}
             for t in range(n_new)]
     for s in strategies:
-        free = generate(lm, [ids], n_new, rule="scripted", strategy=s, rule_kw={"exits": tuple(exits)},
-                        stop_at_eos=False)
-        tf = generate(lm, [ids], n_new, rule="scripted", strategy=s, rule_kw={"exits": tuple(exits)},
-                      stop_at_eos=False, force=full.tokens, return_logits=True)
+        cfg = DecodeConfig.early_exit("scripted", s, exits=tuple(exits))
+        free = decode(lm, [ids], cfg, n_new, stop_at_eos=False)
+        tf = decode(lm, [ids], cfg, n_new, stop_at_eos=False, force=full.tokens, return_logits=True)
         kl = metrics.kl_divergence(full.logits[0], tf.logits[0])
         toks = free.tokens[0].tolist()
         div = metrics.tokens_to_divergence(toks, ftoks)
@@ -169,7 +167,7 @@ def lens_exit_layer(lm, ids: list[int], tokens: list[int], t: int, min_layer: in
     """The lowest layer >= ``min_layer`` (below the top) whose prediction, read through the final norm
     and the head, is the full model's token ``tokens[t]`` for the step that produces it, on an intact
     cache (the oracle's exit for that one step). None if only the top layer predicts it."""
-    model = lm.model if hasattr(lm, "tokenizer") else lm
+    model = unwrap(lm)
     x = torch.tensor([list(ids) + list(tokens[:t])], device=next(model.parameters()).device)
     hs = model(x, attention_mask=torch.ones_like(x), output_hidden_states=True).hidden_states
     L = model.config.num_hidden_layers
@@ -191,10 +189,10 @@ def skip_schedule(L: int, n_new: int, e_max: int, e_min: int, horizon: int, warm
     """The layers SkipDecode runs for each generated token t >= 1: rows (t, layer 1..L, runs, budget)."""
     from ..engine.rules import make_rule
 
-    rule = make_rule("skipdecode", L, e_max=e_max, e_min=e_min, horizon=horizon, warmup=warmup)
+    rule = make_rule("skipdecode", L, e_max=e_max, e_min=e_min, horizon=horizon, warmup=warmup)  # checks the args
     rows = []
     for t in range(1, n_new):
-        run = set(rule.layers(t))
+        run = set(rule.plan(t))
         rows += [{"t": t, "layer": l + 1, "runs": l in run, "budget": rule.budget(t)} for l in range(L)]
     return pd.DataFrame(rows)
 
@@ -204,7 +202,7 @@ def generated_agreement(lm, es: EvalSet, n_new: int) -> pd.DataFrame:
     """Per prompt and layer, along the full model's own greedy output (teacher-forced): the fraction of
     generated positions where the exit after that layer (final norm + shared head) predicts the full model's
     next token. With E layers this is the chance that a one-token draft is accepted. Cached."""
-    from ..training.loop import exit_logits, forward_layers
+    from ..training.forward import exit_logits, forward_layers
 
     full = full_depth(lm, es, n_new)
 

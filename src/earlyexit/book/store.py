@@ -224,7 +224,7 @@ def _frames_equal(a, b) -> bool:
         return False
 
 
-def _progress_enabled() -> bool:
+def progress_enabled() -> bool:
     return os.environ.get("EARLYEXIT_PROGRESS", "1") not in ("0", "false", "no")
 
 
@@ -243,7 +243,7 @@ def sweep(name: str, points: Iterable[Mapping], fn: Callable[..., Any], *, model
 
     points = [dict(p) for p in points]
     frames = []
-    bar = tqdm(points, desc=desc or name, unit="pt", file=sys.stderr, disable=not _progress_enabled(),
+    bar = tqdm(points, desc=desc or name, unit="pt", file=sys.stderr, disable=not progress_enabled(),
                dynamic_ncols=True)
     try:
         for point in bar:

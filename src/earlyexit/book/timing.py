@@ -1,7 +1,8 @@
 """Wall-clock speed, measured side by side and kept in the result cache.
 
 Every timing entry's key holds the torch thread count it was measured with. Decoding speed is reported
-as decoding steps per second: the prompt pass is timed separately and taken out.
+as decoding steps per second: the prompt pass is timed separately (a one-token run) and taken out.
+Each measurement is the best of ``repeats`` runs (:func:`best_of`), the usual guard against a busy machine.
 """
 from __future__ import annotations
 
@@ -10,46 +11,53 @@ import math
 import pandas as pd
 import torch
 
-from ..engine.loop import generate
+from ..engine import DecodeConfig, decode
 from . import store
-from .points import _kw, _rule_args, label, split_ints
+from .points import point_params, split_ints
 from .prompts import EvalSet
 
+FULL = DecodeConfig.full()
 
-def time_point(lm, es: EvalSet, n_new: int, rule: str = "full", strategy: str = "naive-mask", rule_kw=None,
-               batch: int = 1, repeats: int = 2) -> pd.DataFrame:
-    """Wall-clock decoding speed (cached): the first ``batch`` prompts decoded together, ``n_new``
-    tokens each without stopping at EOS, best of ``repeats``. The prompt pass is timed separately
-    (a one-token run) and taken out, so ``tok_s`` is decoding steps per second, all rows counted.
-    At batch 1 each of the set's prompts is timed on its own (one row each)."""
-    def run(ids):
-        best = math.inf
-        best_pre = math.inf
-        layers = heads = 0.0
-        for _ in range(repeats):
-            pre = generate(lm, ids, 1, rule="full", stop_at_eos=False)
-            tr = generate(lm, ids, n_new, rule=rule, strategy=strategy, rule_kw=_rule_args(rule_kw),
-                          stop_at_eos=False)
-            best, best_pre = min(best, tr.wall_s), min(best_pre, pre.wall_s)
-            s = tr.valid().clone()
-            s[:, 0] = False
-            layers = float((tr.counts["layers_run"] + tr.counts["recompute_layers"])[s].mean())
-            heads = float(tr.counts["head_checks"][s].mean())
-        steps = len(ids) * (n_new - 1)
-        return {"batch": len(ids), "wall_s": best, "prefill_s": best_pre,
-                "tok_s": steps / max(best - best_pre, 1e-9), "layers": layers, "head_checks": heads}
 
+def best_of(repeats: int, runs: dict) -> dict:
+    """Call each function of ``runs`` (name -> fn returning a Result) in turn, ``repeats`` times, back to
+    back; return name -> (fastest wall time, that name's last Result)."""
+    best = {k: math.inf for k in runs}
+    last = {}
+    for _ in range(repeats):
+        for k, fn in runs.items():
+            r = fn()
+            best[k] = min(best[k], r.wall_s)
+            last[k] = r
+    return {k: (best[k], last[k]) for k in runs}
+
+
+def _decode_rate(lm, ids, n_new: int, cfg: DecodeConfig, repeats: int) -> dict:
+    """Best-of timing of ``cfg`` on the prompts ``ids`` (one batch), the prompt pass taken out."""
+    got = best_of(repeats, {"pre": lambda: decode(lm, ids, FULL, 1, stop_at_eos=False),
+                            "run": lambda: decode(lm, ids, cfg, n_new, stop_at_eos=False)})
+    (best_pre, _), (best, tr) = got["pre"], got["run"]
+    s = tr.steps()
+    steps = len(ids) * (n_new - 1)
+    return {"batch": len(ids), "wall_s": best, "prefill_s": best_pre, "tok_s": steps / max(best - best_pre, 1e-9),
+            "layers": float((tr.counts["layers_run"] + tr.counts["recompute_layers"])[s].mean()),
+            "head_checks": float(tr.counts["head_checks"][s].mean())}
+
+
+def time_point(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, batch: int = 1, repeats: int = 2) -> pd.DataFrame:
+    """Wall-clock decoding speed (cached): the first ``batch`` prompts decoded together, ``n_new`` tokens
+    each without stopping at EOS, best of ``repeats``. At batch 1 each of the set's prompts is timed on its
+    own (one row each); ``tok_s`` is decoding steps per second, all rows counted."""
     def compute():
         if batch == 1:
-            return [{"prompt": b, **run([es.ids[b]])} for b in range(len(es))]
-        return [{"prompt": -1, **run(es.ids[:batch])}]
+            return [{"prompt": b, **_decode_rate(lm, [es.ids[b]], n_new, cfg, repeats)} for b in range(len(es))]
+        return [{"prompt": -1, **_decode_rate(lm, es.ids[:batch], n_new, cfg, repeats)}]
 
-    params = {"prompts": es.spec, "n_new": n_new, "rule": rule, "strategy": strategy, "rule_kw": _kw(rule_kw),
-              "batch": batch, "repeats": repeats, "threads": torch.get_num_threads()}
+    params = point_params(es, n_new, cfg, batch=batch, repeats=repeats, threads=torch.get_num_threads())
     df = store.cached("timing", params, compute, model=lm)
-    df.insert(0, "label", label(rule, strategy, rule_kw))
-    df.insert(1, "rule", rule)
-    df.insert(2, "strategy", strategy)
+    df.insert(0, "label", cfg.label)
+    df.insert(1, "rule", cfg.rule)
+    df.insert(2, "strategy", cfg.strategy)
     return df
 
 
@@ -63,18 +71,10 @@ def time_replay(lm, es: EvalSet, n_new: int, df: pd.DataFrame, strategy: str, re
     def compute():
         rows = []
         for b in range(len(es)):
-            kw = {"exits": tuple(scripts[b][:n_new])}
-            best, best_pre, layers = math.inf, math.inf, 0.0
-            for _ in range(repeats):
-                pre = generate(lm, [es.ids[b]], 1, rule="full", stop_at_eos=False)
-                tr = generate(lm, [es.ids[b]], n_new, rule="scripted", strategy=strategy, rule_kw=kw,
-                              stop_at_eos=False)
-                best, best_pre = min(best, tr.wall_s), min(best_pre, pre.wall_s)
-                s = tr.valid().clone()
-                s[:, 0] = False
-                layers = float((tr.counts["layers_run"] + tr.counts["recompute_layers"])[s].mean())
-            rows.append({"prompt": b, "batch": 1, "wall_s": best, "prefill_s": best_pre,
-                         "tok_s": (n_new - 1) / max(best - best_pre, 1e-9), "layers": layers})
+            cfg = DecodeConfig.early_exit("scripted", strategy, exits=tuple(scripts[b][:n_new]))
+            r = _decode_rate(lm, [es.ids[b]], n_new, cfg, repeats)
+            rows.append({"prompt": b, "batch": 1, "wall_s": r["wall_s"], "prefill_s": r["prefill_s"],
+                         "tok_s": r["tok_s"], "layers": r["layers"]})
         return rows
 
     params = {"prompts": es.spec, "n_new": n_new, "strategy": strategy, "repeats": repeats,
@@ -82,6 +82,12 @@ def time_replay(lm, es: EvalSet, n_new: int, df: pd.DataFrame, strategy: str, re
     out = store.cached("timing_replay", params, compute, model=lm)
     out.insert(0, "strategy", strategy)
     return out
+
+
+def spec_params(es: EvalSet, n_new: int, exit_layer: int, draft_len: int, repeats: int, peer: bool) -> dict:
+    """The result-cache parameters of :func:`spec_point` (also used to ask whether an entry exists)."""
+    return {"prompts": es.spec, "n_new": n_new, "E": int(exit_layer), "d": int(draft_len), "repeats": repeats,
+            "peer": peer, "threads": torch.get_num_threads()}
 
 
 def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, repeats: int = 1,
@@ -96,38 +102,32 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
     full depth's), ``hf_lossless``, ``acceptance`` (accepted / drafted), ``rounds``, ``tokens_per_round``,
     ``layers`` (decoder-layer evaluations per decoding step, draft + verify, prompt pass excluded as for
     every other method), ``heads`` (head evaluations per decoding step)."""
-    from ..engine.speculative import hf_assistant_early_exit, self_speculative
+    spec, hf = DecodeConfig.self_speculation(exit_layer, draft_len), DecodeConfig.hf_assistant(exit_layer, draft_len)
 
     def compute():
         rows = []
         for b, ids in enumerate(es.ids):
-            best = {"full": math.inf, "spec": math.inf, "hf": math.inf}
-            for _ in range(repeats):
-                full = generate(lm, [ids], n_new, rule="full", stop_at_eos=False)
-                best["full"] = min(best["full"], full.wall_s)
-                sp = self_speculative(lm, ids, n_new, exit_layer, draft_len, stop_at_eos=False)
-                best["spec"] = min(best["spec"], sp.wall_s)
-                if peer:
-                    hf_tokens, hf_s = hf_assistant_early_exit(lm, ids, n_new, exit_layer, draft_len,
-                                                              stop_at_eos=False)
-                    best["hf"] = min(best["hf"], hf_s)
-            ref = full.sequences()[0]
-            rows.append({"prompt": b, "E": exit_layer, "d": draft_len, "n_new": len(sp.tokens),
-                         "full_s": best["full"], "spec_s": best["spec"],
-                         "hf_s": best["hf"] if peer else float("nan"),
-                         "lossless": bool(sp.tokens == ref),
-                         "hf_lossless": bool(hf_tokens == ref) if peer else float("nan"),
-                         "acceptance": sp.acceptance, "rounds": sp.rounds,
-                         "tokens_per_round": (len(sp.tokens) - 1) / max(sp.rounds, 1),
+            runs = {"full": lambda: decode(lm, [ids], FULL, n_new, stop_at_eos=False),
+                    "spec": lambda: decode(lm, [ids], spec, n_new, stop_at_eos=False)}
+            if peer:
+                runs["hf"] = lambda: decode(lm, [ids], hf, n_new, stop_at_eos=False)
+            got = best_of(repeats, runs)
+            ref = got["full"][1].sequences()[0]
+            sp = got["spec"][1]
+            n = int(sp.n_new[0])
+            rows.append({"prompt": b, "E": exit_layer, "d": draft_len, "n_new": n,
+                         "full_s": got["full"][0], "spec_s": got["spec"][0],
+                         "hf_s": got["hf"][0] if peer else float("nan"),
+                         "lossless": bool(sp.sequences()[0] == ref),
+                         "hf_lossless": bool(got["hf"][1].sequences()[0] == ref) if peer else float("nan"),
+                         "acceptance": sp.acceptance, "rounds": int(sp.rounds[0]),
+                         "tokens_per_round": (n - 1) / max(int(sp.rounds[0]), 1),
                          # per decoding step, like every other method: the prompt pass (which also
                          # predicts token 0) is left out
-                         "layers": (sp.layer_evals - len(ids) * lm.num_layers) / max(len(sp.tokens) - 1, 1),
-                         "heads": (sp.head_evals - 1) / max(len(sp.tokens) - 1, 1)})
+                         "layers": float(sp.per_step("layers_run")[0]), "heads": float(sp.per_step("head_checks")[0])})
         return rows
 
-    params = {"prompts": es.spec, "n_new": n_new, "E": exit_layer, "d": draft_len, "repeats": repeats,
-              "peer": peer, "threads": torch.get_num_threads()}
-    df = store.cached("spec_point", params, compute, model=lm)
+    df = store.cached("spec_point", spec_params(es, n_new, exit_layer, draft_len, repeats, peer), compute, model=lm)
     df["speedup"] = df["full_s"] / df["spec_s"]
     df["vs_hf"] = df["hf_s"] / df["spec_s"]
     df["full_tok_s"] = df["n_new"] / df["full_s"]
@@ -135,3 +135,7 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
     df["hf_tok_s"] = df["n_new"] / df["hf_s"]
     return df
 
+
+def has_spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, repeats: int) -> bool:
+    """Whether :func:`spec_point` with the transformers peer is already in the result cache."""
+    return store.has("spec_point", spec_params(es, n_new, exit_layer, draft_len, repeats, True), model=lm)

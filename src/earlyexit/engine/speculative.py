@@ -24,33 +24,30 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from .adapter import Adapter
 from .cache import COMPUTED
 from .loop import Engine
-from .rules import FullDepth
 from .fill import NaiveMask
+from .rules import FullDepth
 
 
 @dataclass
-class SpecTrace:
+class SpecRun:
+    """One prompt's self-speculative decoding: the tokens, and per round what it drafted and cost."""
+
     tokens: list[int]
-    rounds: int
-    drafted: int
-    accepted: int
-    layer_evals: int          # decoder-layer evaluations (token × layer), draft + verify
-    head_evals: int
     wall_s: float
-    accepted_per_round: list[int] = field(default_factory=list)
+    round_start: list[int] = field(default_factory=list)   # index in ``tokens`` of each round's first token
+    accepted: list[int] = field(default_factory=list)      # drafts accepted in each round
+    drafted: list[int] = field(default_factory=list)
+    layers: list[int] = field(default_factory=list)        # decoder-layer evaluations of each round
+    heads: list[int] = field(default_factory=list)         # head evaluations of each round
+    prompt_layers: int = 0
+    cache_len: int = 0
+    state: torch.Tensor | None = None                      # (L, C) provenance map of the shared cache
 
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / max(self.drafted, 1)
 
-    @property
-    def tokens_per_s(self) -> float:
-        return len(self.tokens) / self.wall_s if self.wall_s > 0 else float("nan")
-
-
-def _check(L: int, exit_layer, draft_len) -> None:
+def check_draft(L: int, exit_layer, draft_len) -> None:
     if not isinstance(exit_layer, int) or isinstance(exit_layer, bool) or not 1 <= exit_layer <= L - 1:
         raise ValueError(f"exit_layer E must be an int in [1, {L - 1}] (L = {L}), got {exit_layer!r}")
     if not isinstance(draft_len, int) or isinstance(draft_len, bool) or draft_len < 1:
@@ -58,43 +55,30 @@ def _check(L: int, exit_layer, draft_len) -> None:
 
 
 @torch.inference_mode()
-def self_speculative(lm, prompt: list[int], max_new_tokens: int, exit_layer: int, draft_len: int, *,
-                     stop_at_eos: bool = True, progress: bool = False) -> SpecTrace:
-    """Greedy self-speculative decoding of one prompt; see the module docstring."""
-    model = lm.model if hasattr(lm, "tokenizer") else lm
-    cfg = model.config
-    L = cfg.num_hidden_layers
-    _check(L, exit_layer, draft_len)
-    if not prompt or not all(isinstance(i, int) and 0 <= i < cfg.vocab_size for i in prompt):
-        raise ValueError(f"prompt must be a non-empty list of token ids in [0, {cfg.vocab_size})")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_layer: int, draft_len: int, *,
+                     eos_set: set, progress: bool = False) -> SpecRun:
+    """Greedy self-speculative decoding of one (checked) prompt; see the module docstring."""
+    L = A.L
     P = len(prompt)
     cap = P + max_new_tokens + draft_len + 1
-    if cap > cfg.max_position_embeddings:
-        raise ValueError(f"prompt ({P}) + max_new_tokens ({max_new_tokens}) + draft_len + 1 exceeds the "
-                         f"model's context of {cfg.max_position_embeddings} tokens")
     E, d = exit_layer, draft_len
-    eos = cfg.eos_token_id if stop_at_eos else None
-    eos_set = set(eos if isinstance(eos, (list, tuple)) else [eos]) if eos is not None else set()
-    eng = Engine(model, 1, cap, FullDepth(L), NaiveMask(), 1)
-    dev = next(model.parameters()).device
+    eng = Engine(A, 1, cap, FullDepth(L), NaiveMask(), 1)
+    dev = A.device
     row = slice(None)
     pos_all = torch.arange(cap, device=dev)[None]
 
     def run(layers, h, cols):
         cols_t = torch.as_tensor(cols)
-        cos, sin = eng.rope(h, pos_all[:, cols_t])
+        cos, sin = A.rope(h, pos_all[:, cols_t])
         for l in layers:
             h = eng.layer(l, h, row, cols_t if len(cols) > 1 else cols[0], cos, sin, COMPUTED, audit=False)
         return h
 
     t0 = time.perf_counter()
-    h = run(range(L), eng.embed(torch.tensor([prompt], device=dev)), list(range(P)))
-    x = int(eng.logits(h[:, -1]).argmax(-1))
+    h = run(range(L), A.embed(torch.tensor([prompt], device=dev)), list(range(P)))
+    x = int(A.logits(h[:, -1]).argmax(-1))
     out = [x]
-    stats = dict(rounds=0, drafted=0, accepted=0, layers=P * L, heads=1)
-    per_round = []
+    sp = SpecRun(tokens=out, wall_s=0.0, prompt_layers=P * L)
     c = P
     bar = tqdm(total=max_new_tokens, disable=not progress, desc=f"self-spec E={E} d={d}", leave=False)
     bar.update(1)
@@ -103,25 +87,24 @@ def self_speculative(lm, prompt: list[int], max_new_tokens: int, exit_layer: int
         drafts, h_exit = [], []
         tok = x
         for i in range(d):
-            hE = run(range(E), eng.embed(torch.tensor([[tok]], device=dev)), [c + i])
+            hE = run(range(E), A.embed(torch.tensor([[tok]], device=dev)), [c + i])
             h_exit.append(hE)
-            tok = int(eng.logits(hE[:, -1]).argmax(-1))
+            tok = int(A.logits(hE[:, -1]).argmax(-1))
             drafts.append(tok)
         # 2. verify: y_d through the lower layers, then all d+1 columns through the upper layers
-        h_exit.append(run(range(E), eng.embed(torch.tensor([[drafts[-1]]], device=dev)), [c + d]))
+        h_exit.append(run(range(E), A.embed(torch.tensor([[drafts[-1]]], device=dev)), [c + d]))
         hv = run(range(E, L), torch.cat(h_exit, dim=1), list(range(c, c + d + 1)))
-        z = eng.logits(hv[0]).argmax(-1).tolist()               # z[i] = full prediction after column c+i
+        z = A.logits(hv[0]).argmax(-1).tolist()               # z[i] = full prediction after column c+i
         # 3. accept
         a = 0
         while a < d and drafts[a] == z[a]:
             a += 1
         new = drafts[:a] + [z[a]]
-        stats["rounds"] += 1
-        stats["drafted"] += d
-        stats["accepted"] += a
-        stats["layers"] += (d + 1) * E + (d + 1) * (L - E)
-        stats["heads"] += d + (d + 1)
-        per_round.append(a)
+        sp.round_start.append(len(out))
+        sp.drafted.append(d)
+        sp.accepted.append(a)
+        sp.layers.append((d + 1) * E + (d + 1) * (L - E))
+        sp.heads.append(d + (d + 1))
         eng.cache.truncate(c + a + 1)
         c += a + 1
         for t in new:
@@ -133,18 +116,16 @@ def self_speculative(lm, prompt: list[int], max_new_tokens: int, exit_layer: int
                 break
         x = out[-1]
     bar.close()
-    return SpecTrace(tokens=out, rounds=stats["rounds"], drafted=stats["drafted"],
-                     accepted=stats["accepted"], layer_evals=stats["layers"], head_evals=stats["heads"],
-                     wall_s=time.perf_counter() - t0, accepted_per_round=per_round)
+    sp.wall_s = time.perf_counter() - t0
+    sp.cache_len = c
+    sp.state = eng.cache.state[:, 0].cpu()
+    return sp
 
 
-def hf_assistant_early_exit(lm, prompt: list[int], max_new_tokens: int, exit_layer: int, draft_len: int,
+def hf_assistant_early_exit(model, prompt: list[int], max_new_tokens: int, exit_layer: int, draft_len: int,
                             *, stop_at_eos: bool = True) -> tuple[list[int], float]:
     """The peer: transformers' own self-speculation, ``generate(assistant_early_exit=E)``, with a
     constant draft length and its confidence cut-off disabled. Returns (tokens, wall seconds)."""
-    model = lm.model if hasattr(lm, "tokenizer") else lm
-    L = model.config.num_hidden_layers
-    _check(L, exit_layer, draft_len)
     dev = next(model.parameters()).device
     x = torch.tensor([prompt], device=dev)
     kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,

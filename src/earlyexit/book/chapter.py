@@ -1,0 +1,111 @@
+"""What every chapter does before its first experiment, in one call.
+
+    from earlyexit.book import chapter
+    C = chapter.setup("02_naive_collapse", globals())
+    P, lm, es, note = C.P, C.lm, C.es, C.note
+
+:func:`setup` checks the notebook's parameters (one clear error for a wrong or misspelt one), quiets the
+libraries' warnings and progress bars inside the book, sets the torch thread count and the seed, applies the
+figure style, loads the model, builds the evaluation prompt set (when the chapter has one), collects the
+provenance record and glues the facts every chapter's prose may cite (model name, depth, prompt count, ...).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+from . import params
+
+# How the book names the models it knows; anything else is shown as given.
+DISPLAY_NAMES = {"smollm2-135m": "SmolLM2-135M-Instruct"}
+
+
+def display_name(spec: str) -> str:
+    return DISPLAY_NAMES.get(spec, spec)
+
+
+def model_names(spec: str) -> dict:
+    """Display names of chapter 8's models (released, trained, from scratch) for the model ``spec``."""
+    name = display_name(spec)
+    return {"released": name, "trained": f"{name} + LayerSkip", "scratch-baseline": "from scratch, baseline",
+            "scratch-layerskip": "from scratch, LayerSkip"}
+
+
+def note(key: str, value) -> None:
+    """Glue a number or a string for the prose (``{glue:text}`key```) as a plain Python value, not shown."""
+    from myst_nb import glue
+
+    glue(key, value.item() if hasattr(value, "item") else value, display=False)
+
+
+def ci(s, v: str, fmt: str = "{:.2f}") -> str:
+    """'mean [lo, hi]' of value ``v`` from a summary row ``s`` (columns v, v_lo, v_hi)."""
+    return f"{fmt.format(s[v])} [{fmt.format(s[v + '_lo'])}, {fmt.format(s[v + '_hi'])}]"
+
+
+@dataclass
+class Chapter:
+    """What :func:`setup` hands a chapter."""
+
+    P: params.Params
+    lm: object = None              # the LoadedModel (None for a chapter that loads none)
+    es: object = None              # the evaluation prompt set (None for a chapter without one)
+    prov: dict = field(default_factory=dict)
+    threads: int = 0
+    model_name: str = ""
+
+    note = staticmethod(note)
+    ci = staticmethod(ci)
+
+    @property
+    def L(self) -> int:
+        return self.lm.num_layers
+
+    @property
+    def min_layer(self) -> int:
+        """The lowest layer a confidence rule may exit at: the ``min_layer`` parameter, or half the depth."""
+        from .points import default_min_layer
+
+        return default_min_layer(self.P.get("min_layer", 0), self.L)
+
+
+def quiet() -> None:
+    """No library warning or progress bar inside a book page (the terminal keeps its own)."""
+    from transformers.utils import logging as hf_logging
+
+    warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
+    warnings.filterwarnings("ignore", message=".*generation_config.*")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def setup(notebook: str, namespace: dict, *, model: bool = True, prompts: bool = True) -> Chapter:
+    """Check the parameters in ``namespace`` (the notebook's globals) against ``notebook``'s schema, then do
+    the common set-up (see the module docstring). ``model=False`` loads no model, ``prompts=False`` builds no
+    prompt set (chapters without one)."""
+    import torch
+
+    from ..engine.models import load_model, set_threads
+    from . import figures, provenance
+    from .prompts import eval_set
+
+    P = params.check(notebook, namespace)
+    quiet()
+    threads = set_threads(P.get("threads", 0))
+    torch.manual_seed(P.seed)
+    figures.setup_style()
+    C = Chapter(P=P, threads=threads, model_name=display_name(P.model))
+    note("model_name", C.model_name)
+    note("threads", threads)
+    if model:
+        C.lm = load_model(P.model, device=P.device, dtype=P.dtype)
+        note("L", C.L)
+        if "min_layer" in P:
+            note("min_layer", C.min_layer)
+        if prompts and "n_prompts" in P:
+            C.es = eval_set(C.lm, P.prompt_kind, P.n_prompts, P.seed, P.max_prompt_tokens)
+            note("n_prompts", len(C.es))
+            note("n_new", P.max_new_tokens)
+    C.prov = provenance.collect(P, model=C.lm)
+    return C

@@ -1,0 +1,81 @@
+"""The trained models the chapters use: which recipes chapter 6 trains under a profile, and what the book
+measures on them.
+
+    recipes = trained.recipes_for_profile("cpu")          # {"layerskip": Recipe, "scratch-baseline": ..., ...}
+    lm = checkpoints.load(recipes["layerskip"])           # trains first if the checkpoint is missing
+
+``python -m earlyexit train --profile cpu`` builds every checkpoint of a profile ahead of the book.
+"""
+from __future__ import annotations
+
+from ..training.checkpoints import Recipe, heldout_blocks
+from ..training.recipe import TrainConfig
+
+
+def recipes(p) -> dict[str, Recipe]:
+    """The three checkpoints chapter 6 trains, from its parameters ``p`` (a Params or a dict):
+    ``"layerskip"`` (continual pre-training of ``p["model"]`` with the recipe) and the from-scratch pair
+    ``"scratch-baseline"`` / ``"scratch-layerskip"`` (same data, steps and seed; recipe off / on)."""
+    g = p.__getitem__
+    cont = TrainConfig(steps=g("steps"), batch_size=g("batch_size"), seq_len=g("seq_len"), lr=g("lr"),
+                       warmup=g("warmup"), p_max=g("p_max"), e_scale=g("e_scale"), scale=g("scale"),
+                       curriculum=g("curriculum"), curriculum_param=g("curriculum_param"), seed=g("seed"),
+                       train_embeddings=g("train_embeddings"), checkpoint_every=g("checkpoint_every"),
+                       keep_checkpoints=1)
+    scratch = dict(steps=g("scratch_steps"), batch_size=g("scratch_batch_size"), seq_len=g("scratch_seq_len"),
+                   lr=g("scratch_lr"), warmup=max(1, g("scratch_steps") // 20), p_max=g("p_max"),
+                   e_scale=g("e_scale"), scale=g("scale"), curriculum="rotational",
+                   curriculum_param=g("scratch_rotation"), seed=g("seed"), weight_decay=0.1,
+                   checkpoint_every=g("checkpoint_every"), keep_checkpoints=1)
+    base = f"scratch:{g('scratch_config')}"
+    return {"layerskip": Recipe(g("model"), cont, g("seed")),
+            "scratch-baseline": Recipe(base, TrainConfig(**scratch, recipe=False), g("seed")),
+            "scratch-layerskip": Recipe(base, TrainConfig(**scratch, recipe=True), g("seed"))}
+
+
+def recipes_for_profile(profile: str, model: str | None = None) -> dict[str, Recipe]:
+    """The recipes chapter 6 trains under ``profile`` (profiles/<profile>.yml); chapters 7 and 8 load them.
+
+    ``model``, when given, must be the profile's model: the trained checkpoint is of that model."""
+    from . import runner
+
+    prof = runner.load_profile(profile)
+    p = prof.parameters("06_training")
+    if model is not None and model != p["model"]:
+        raise ValueError(f"profile {profile!r} trains {p['model']!r} in chapter 6, not {model!r}; run chapter 6 "
+                         f"with model={model!r} under a profile of your own, or use model={p['model']!r}")
+    return recipes(p)
+
+
+
+
+def layer_agreement(lm, n_blocks: int, seq_len: int, batch_size: int = 4):
+    """Per held-out block and per layer: agreement of the layer's exit (final norm + shared head) with the
+    last layer's top-1, and the exit's cross-entropy against the true next token (nats). Cached by the
+    model's weights. Columns: block, layer (1-based: layers run), agreement, loss, tokens."""
+    import pandas as pd
+
+    from ..training.forward import per_layer_agreement
+    from . import store
+
+    def compute():
+        rows = []
+        blocks = heldout_blocks(lm.tokenizer, n_blocks, seq_len, batch_size=1)
+        for b, ids in enumerate(blocks):
+            df = per_layer_agreement(lm.model, ids.to(lm.device))
+            for r in df.itertuples():
+                rows.append({"block": b, "layer": int(r.layer) + 1, "agreement": float(r.agreement),
+                             "loss": float(r.loss), "tokens": int(ids.shape[1] - 1)})
+        return pd.DataFrame(rows)
+
+    return store.cached("layer_agreement", {"n_blocks": n_blocks, "seq_len": seq_len}, compute, model=lm)
+
+
+def load_trained(P, which: str = "layerskip", progress: bool = True):
+    """The checkpoint ``which`` ("layerskip", "scratch-baseline", "scratch-layerskip") that chapter 6 trains
+    under the profile ``P.profile`` for the model ``P.model``, loaded on ``P.device`` in ``P.dtype`` (trained
+    first if it is missing)."""
+    from ..training import checkpoints
+
+    recipe = recipes_for_profile(P["profile"], P["model"])[which]
+    return checkpoints.load(recipe, device=P["device"], dtype=P["dtype"], progress=progress)
