@@ -1,75 +1,42 @@
-"""Prompt sets and a training corpus that are available offline and deterministic by seed.
-
-Three kinds of text, all shipped with Python itself or written here:
-
-* **code** -- functions from Python's standard library source (``sysconfig.get_paths()["stdlib"]``).
-  The prompt is the function's signature line(s) plus its docstring, exactly as in the source
-  (indentation included, no decorators); the reference is the real body that follows the docstring.
-* **prose** -- passages of Python's documentation topics (``pydoc_data.topics.topics``).
-  The prompt is the first ``k`` sentences of a paragraph; the reference is the text that follows.
-* **instruction** -- a fixed list of short requests (:data:`INSTRUCTIONS`) rendered through the
-  tokenizer's chat template with ``add_generation_prompt=True``.  They have no reference: their
-  quality is measured against the full-depth model's own answer.
-
-Held-out rule (fixed, documented, never tuned)
-----------------------------------------------
-A stdlib module (its POSIX path relative to the stdlib root, e.g. ``"json/encoder.py"``) or a
-pydoc topic (its name, e.g. ``"lists"``) belongs to the **eval** split iff
-``zlib.crc32(name.encode("utf-8")) % 5 == 0``, otherwise to **train**.  Evaluation prompts come
-only from eval modules/topics; the LayerSkip training stream (:func:`token_stream`) only from
-train ones.  In addition an eval candidate whose prompt text occurs verbatim anywhere in the
-training corpus (the stdlib contains a few copied functions) is dropped, so no evaluation prompt
-is ever seen in training.
-
-Which part of the stdlib is used: every ``*.py`` file under the stdlib root except directories
-named in :data:`EXCLUDED_DIRS` (tests, third-party ``site-packages``, the codec tables in
-``encodings`` and ``pydoc_data``, whose ``topics.py`` *is* the prose corpus).
-
-Determinism: candidates are built from sorted paths / topic names, then
-``random.Random(seed).sample`` picks ``n`` of them.  The stdlib and the pydoc topics differ
-between Python versions, so the prompts are identical across runs and machines *with the same
-Python version*; :func:`load_prompts` returns a :class:`PromptSet` whose ``meta`` records that
-version and a hash of the prompts.
-
-Token budget: :func:`encode` keeps the *end* of a prompt that is longer than ``max_prompt_tokens``
-(left truncation), because the continuation depends on the last tokens (the docstring's closing
-quotes, the last sentence).  To avoid cut prompts altogether pass ``tokenizer`` and
-``max_prompt_tokens`` to :func:`load_prompts`, which then drops over-long candidates *before*
-sampling (deterministic given the tokenizer).
-"""
-
+"""Evaluation prompts drawn from the evaluation part of the texts: code, prose and instructions, each with
+its reference where there is one (see :mod:`earlyexit.corpus`)."""
 from __future__ import annotations
 
 import ast
 import functools
 import hashlib
-import os
 import random
 import re
-import sys
-import sysconfig
-import tokenize
-import zlib
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
-import torch
+
+from .sources import _check_split, _ids, _train_index, pydoc_topics, python_version, split_of, stdlib_modules
 
 Kind = Literal["code", "prose", "instruction"]
-KINDS: tuple[str, ...] = ("code", "prose", "instruction")
-MIX = "mix"  # all three kinds; also "code+prose" etc.
-SPLITS: tuple[str, ...] = ("eval", "train")
 
-EXCLUDED_DIRS = frozenset({
-    "site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__",
-    "pydoc_data", "encodings", "ensurepip", "__phello__",
-})
+
+
+KINDS: tuple[str, ...] = ("code", "prose", "instruction")
+
+
+
+MIX = "mix"  # all three kinds; also "code+prose" etc.
+
+
 
 # Code candidates: body (lines after the docstring, up to the function's last line) and prompt sizes.
 MIN_BODY_LINES, MAX_BODY_LINES = 3, 40
+
+
+
 MAX_PROMPT_LINES = 40
+
+
+
 # Prose candidates.
 MIN_PROSE_PROMPT_CHARS, MIN_PROSE_REFERENCE_CHARS = 60, 200
+
 
 
 @dataclass(frozen=True)
@@ -84,6 +51,7 @@ class Prompt:
     source: str
 
 
+
 class PromptSet(list):
     """A ``list[Prompt]`` with a ``meta`` dict (kind, n, seed, split, Python version, hash)."""
 
@@ -92,109 +60,13 @@ class PromptSet(list):
         self.meta = dict(meta or {})
 
 
-# --------------------------------------------------------------------------- split rule
-
-def split_of(name: str) -> str:
-    """``"eval"`` iff ``crc32(name) % 5 == 0`` else ``"train"`` (``name``: a module's POSIX path
-    relative to the stdlib root, or a pydoc topic name)."""
-    return "eval" if zlib.crc32(name.encode("utf-8")) % 5 == 0 else "train"
-
-
-def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-
-
-def python_version() -> str:
-    return ".".join(map(str, sys.version_info[:3]))
-
-
-def stdlib_root() -> str:
-    return sysconfig.get_paths()["stdlib"]
-
-
-# --------------------------------------------------------------------------- raw corpora
-
-@functools.lru_cache(maxsize=1)
-def stdlib_modules() -> tuple[tuple[str, str], ...]:
-    """All used stdlib files as sorted ``(relative POSIX path, source text)`` pairs.
-
-    Read with ``tokenize.open`` (honours coding cookies; newlines normalised to ``\\n``);
-    files that cannot be decoded are skipped."""
-    root = stdlib_root()
-    paths = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel = os.path.relpath(dirpath, root)
-        parts = [] if rel == "." else rel.split(os.sep)
-        if any(p in EXCLUDED_DIRS or p.startswith("config-") for p in parts):
-            dirnames[:] = []
-            continue
-        paths += ["/".join(parts + [f]) for f in filenames if f.endswith(".py")]
-    out = []
-    for rel in sorted(paths):
-        try:
-            with tokenize.open(os.path.join(root, *rel.split("/"))) as fh:
-                out.append((rel, fh.read()))
-        except (SyntaxError, UnicodeDecodeError, OSError):
-            continue
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=1)
-def pydoc_topics() -> tuple[tuple[str, str], ...]:
-    """Python's documentation topics as sorted ``(name, text)`` pairs."""
-    from pydoc_data.topics import topics
-
-    return tuple(sorted(topics.items()))
-
-
-def training_documents(split: str = "train") -> list[tuple[str, str]]:
-    """``(name, text)`` of every document of ``split``: stdlib files (``"stdlib/<path>"``) then
-    pydoc topics (``"pydoc/<topic>"``), in sorted order."""
-    _check_split(split)
-    docs = [(f"stdlib/{p}", t) for p, t in stdlib_modules() if split_of(p) == split]
-    docs += [(f"pydoc/{k}", t) for k, t in pydoc_topics() if split_of(k) == split]
-    return docs
-
-
-def training_texts(split: str = "train") -> Iterator[str]:
-    """Yield the texts of :func:`training_documents` (``split="train"`` for LayerSkip training)."""
-    for _, text in training_documents(split):
-        yield text
-
-
-# --------------------------------------------------------------------------- leakage guard
-
-class _CorpusIndex:
-    """Exact "is this string a substring of some document?" for many queries.
-
-    A query ``l0 \\n l1 \\n ... \\n lm`` can only occur in a document if its inner lines
-    ``l1..l(m-1)`` are whole lines of that document, so a set of whole lines rules out almost
-    every query; the rest are checked with a plain ``in`` on the documents."""
-
-    def __init__(self, texts: Sequence[str]):
-        self.texts = list(texts)
-        self.lines = {line for t in self.texts for line in t.split("\n")}
-
-    def __contains__(self, query: str) -> bool:
-        inner = query.split("\n")[1:-1]
-        if inner and max(inner, key=len) not in self.lines:
-            return False
-        return any(query in t for t in self.texts)
-
-
-@functools.lru_cache(maxsize=1)
-def _train_index() -> _CorpusIndex:
-    return _CorpusIndex(list(training_texts("train")))
-
-
-# --------------------------------------------------------------------------- code
 
 def _lines(src: str) -> list[str]:
     """Split on ``\\n`` only, keeping the ends (``str.splitlines`` would also split on form feeds
     and disagree with ``ast`` line numbers)."""
     parts = src.split("\n")
     return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
 
 
 def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
@@ -207,6 +79,7 @@ def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
             for sub in node.body:
                 if isinstance(sub, fdef):
                     yield f"{node.name}.{sub.name}", sub
+
 
 
 def _code_candidates_of(rel: str, src: str) -> Iterator[Prompt]:
@@ -237,6 +110,7 @@ def _code_candidates_of(rel: str, src: str) -> Iterator[Prompt]:
         )
 
 
+
 @functools.lru_cache(maxsize=2)
 def code_candidates(split: str = "eval") -> tuple[Prompt, ...]:
     """All code candidates of ``split`` in sorted order (path, line), deduplicated by prompt
@@ -256,10 +130,12 @@ def code_candidates(split: str = "eval") -> tuple[Prompt, ...]:
     return tuple(out)
 
 
+
 def _sample(candidates: Sequence[Prompt], n: int, seed: int, what: str) -> list[Prompt]:
     if not 0 <= n <= len(candidates):
         raise ValueError(f"asked for n={n} {what} prompts, only {len(candidates)} available")
     return random.Random(seed).sample(list(candidates), n)
+
 
 
 def code_prompts(n: int, seed: int, split: str = "eval") -> list[Prompt]:
@@ -267,10 +143,13 @@ def code_prompts(n: int, seed: int, split: str = "eval") -> list[Prompt]:
     return _sample(code_candidates(split), n, seed, f"code/{split}")
 
 
-# --------------------------------------------------------------------------- prose
 
 _ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "Mr.", "Dr.", "No.", "Fig.", "approx.")
+
+
+
 _SENTENCE_END = re.compile(r"""[.!?]["')\]]?(?=\s+["'(\[]?[A-Z0-9])""")
+
 
 
 def sentence_ends(text: str) -> list[int]:
@@ -287,6 +166,7 @@ def sentence_ends(text: str) -> list[int]:
     return ends
 
 
+
 def _trim(text: str, max_chars: int) -> str:
     """``text`` cut to at most ``max_chars`` at a whitespace boundary."""
     if len(text) <= max_chars:
@@ -294,6 +174,7 @@ def _trim(text: str, max_chars: int) -> str:
     cut = text[: max_chars + 1]
     i = max(cut.rfind(" "), cut.rfind("\n"))
     return cut[:i] if i > 0 else text[:max_chars]
+
 
 
 def _is_prose_paragraph(par: str) -> bool:
@@ -304,6 +185,7 @@ def _is_prose_paragraph(par: str) -> bool:
     if any(line and set(line) <= set("*=-+^~|") for line in lines):
         return False
     return not any(line.startswith((" ", "* ", "- ", "+-")) for line in lines)
+
 
 
 def _prose_candidates_of(name: str, text: str, sentences: int, max_reference_chars: int) -> Iterator[Prompt]:
@@ -331,6 +213,7 @@ def _prose_candidates_of(name: str, text: str, sentences: int, max_reference_cha
             )
 
 
+
 @functools.lru_cache(maxsize=8)
 def prose_candidates(split: str = "eval", sentences: int = 2, max_reference_chars: int = 600) -> tuple[Prompt, ...]:
     """All prose candidates of ``split`` (windows of ``sentences`` sentences in prose paragraphs,
@@ -349,6 +232,7 @@ def prose_candidates(split: str = "eval", sentences: int = 2, max_reference_char
     return tuple(out)
 
 
+
 def prose_prompts(n: int, seed: int, split: str = "eval", sentences: int = 2,
                   max_reference_chars: int = 600) -> list[Prompt]:
     """``n`` prose prompts: ``sentences`` consecutive sentences of a documentation paragraph
@@ -357,7 +241,6 @@ def prose_prompts(n: int, seed: int, split: str = "eval", sentences: int = 2,
     return _sample(prose_candidates(split, sentences, max_reference_chars), n, seed, f"prose/{split}")
 
 
-# --------------------------------------------------------------------------- instructions
 
 INSTRUCTIONS: tuple[str, ...] = (
     "Name three primary colours.",
@@ -395,6 +278,7 @@ INSTRUCTIONS: tuple[str, ...] = (
 )
 
 
+
 def render_instruction(request: str, tokenizer) -> str:
     """``request`` as a single user turn through the tokenizer's chat template, ending with the
     assistant header (``add_generation_prompt=True``).  SmolLM2's template adds its default
@@ -403,6 +287,7 @@ def render_instruction(request: str, tokenizer) -> str:
         raise ValueError("the tokenizer has no chat template; instruction prompts need one")
     return tokenizer.apply_chat_template(
         [{"role": "user", "content": request}], tokenize=False, add_generation_prompt=True)
+
 
 
 def instruction_prompts(n: int, seed: int, tokenizer) -> list[Prompt]:
@@ -414,7 +299,6 @@ def instruction_prompts(n: int, seed: int, tokenizer) -> list[Prompt]:
                    source=f"earlyexit.data.INSTRUCTIONS[{i}]") for i in chosen]
 
 
-# --------------------------------------------------------------------------- uniform entry point
 
 def _parse_kinds(kind_or_mix: str) -> list[str]:
     kinds = list(KINDS) if kind_or_mix == MIX else kind_or_mix.split("+")
@@ -425,8 +309,10 @@ def _parse_kinds(kind_or_mix: str) -> list[str]:
     return kinds
 
 
+
 def _fits(p: Prompt, tokenizer, max_prompt_tokens: int | None) -> bool:
     return max_prompt_tokens is None or len(_ids(p.text, tokenizer)) <= max_prompt_tokens
+
 
 
 def load_prompts(kind_or_mix: str, n: int, seed: int, split: str = "eval", *, tokenizer=None,
@@ -463,12 +349,6 @@ def load_prompts(kind_or_mix: str, n: int, seed: int, split: str = "eval", *, to
     return PromptSet(prompts, meta)
 
 
-# --------------------------------------------------------------------------- tokens
-
-def _ids(text: str, tokenizer) -> list[int]:
-    # The chat template already contains its special tokens; never add BOS/EOS twice.
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
 
 def encode(prompts: Sequence[Prompt], tokenizer, max_prompt_tokens: int | None = None) -> list[list[int]]:
     """Token ids of each prompt (no special tokens added).  A prompt longer than
@@ -482,30 +362,3 @@ def encode(prompts: Sequence[Prompt], tokenizer, max_prompt_tokens: int | None =
         out.append(ids[-max_prompt_tokens:] if max_prompt_tokens else ids)
     return out
 
-
-def token_stream(tokenizer, seq_len: int, seed: int, split: str = "train", *,
-                 epochs: int | None = 1, sep_id: int | None = None) -> Iterator[torch.Tensor]:
-    """Blocks of ``seq_len`` token ids (``torch.long``, shape ``(seq_len,)``) for training.
-
-    Each epoch shuffles the documents of :func:`training_documents` with
-    ``random.Random(seed + epoch)``, tokenizes them lazily, appends ``sep_id`` (default: the
-    tokenizer's EOS) after each, concatenates, and cuts consecutive blocks; the final partial
-    block of an epoch carries over into the next one (and is dropped after the last epoch).
-    ``epochs=None`` repeats forever."""
-    if seq_len < 1:
-        raise ValueError("seq_len must be >= 1")
-    sep = tokenizer.eos_token_id if sep_id is None else sep_id
-    if sep is None:
-        raise ValueError("the tokenizer has no EOS token; pass sep_id")
-    texts = [t for _, t in training_documents(split)]
-    buf: list[int] = []
-    epoch = 0
-    while epochs is None or epoch < epochs:
-        order = list(range(len(texts)))
-        random.Random(seed + epoch).shuffle(order)
-        for i in order:
-            buf += _ids(texts[i], tokenizer) + [sep]
-            while len(buf) >= seq_len:
-                yield torch.tensor(buf[:seq_len], dtype=torch.long)
-                buf = buf[seq_len:]
-        epoch += 1
