@@ -10,6 +10,8 @@ Every argument is checked before any compute; an error names the valid range or 
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from .adapter import adapter
@@ -90,6 +92,7 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
     n_new = torch.zeros(B, dtype=torch.long)
     rounds = torch.zeros(B, dtype=torch.long)
     walls = []
+    calls = {"prefill": Counter(), "decode": Counter()}
     C = P + N + extra
     state = torch.full((L, B, C), PAD, dtype=torch.uint8)
     for b, p in enumerate(prompts):
@@ -102,6 +105,8 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
                 counts["drafted"][b, t] += sp.drafted[i]
                 counts["accepted"][b, t] += sp.accepted[i]
             rounds[b] = len(sp.round_start)
+            for ph, c in sp.calls.items():
+                calls[ph].update(c)
             state[:, b, P - len(p):] = sp.state             # the shared cache is len(p) + N + d + 1 long
         else:
             toks, wall = hf_assistant_early_exit(A.model, p, N, config.exit_layer, config.draft_len,
@@ -116,7 +121,7 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
     return Result(config=config, tokens=tokens, n_new=n_new, exit_layer=torch.full((B, N), L, dtype=torch.long),
                   counts=counts, state=state, col_exit=None, prompt_len=P, pad=pad, num_layers=L,
                   wall_s=float(sum(walls)), rounds=rounds if config.method == "self-speculation" else None,
-                  meta={"wall_s_rows": walls})
+                  meta={"wall_s_rows": walls, "calls": {ph: dict(sorted(c.items())) for ph, c in calls.items()}})
 
 
 def full_depth(lm, prompts, max_new_tokens: int, **kw) -> Result:

@@ -72,6 +72,7 @@ class CopyForward(Strategy):
     def on_exit(self, eng, rows, n, h, col, pos):
         cos, sin = eng.A.rope(h, pos)
         for j in range(n, eng.L):
+            eng.tally(f"kv:{h.shape[0]}")
             _, k, v = eng.A.qkv(j, h, cos, sin, with_q=False)
             eng.cache.write(j, rows, col, k, v, COPIED)
         eng.count(rows, "copied_kv", eng.L - n)

@@ -13,6 +13,7 @@ from the prompt's last position.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
@@ -37,13 +38,27 @@ class Engine:
         self.n_new = n_new
         self.audit_weights = audit_weights
         self.counts = {c: torch.zeros(batch, n_new) for c in COUNTERS}
+        # What ran, by kind and size, for the cost model: "layer:k" (one decoder layer over k tokens at once),
+        # "head:<why>:r" (the head over r rows; why = decide, out, draft, verify, hindsight), "kv:r" (one
+        # copy-forward K/V projection of r rows), "steps" (decoding steps). Kept apart for the prompt pass.
+        self.calls = {"prefill": Counter(), "decode": Counter()}
+        self.phase = "prefill"
         self.t = 0
         strategy.reset(self)
+
+    def tally(self, what: str) -> None:
+        self.calls[self.phase][what] += 1
+
+    def head(self, h, why: str):
+        """``head(norm(h))`` for h (b, S, D) or (b, D), counted as ``head:<why>:<rows>``."""
+        self.tally(f"head:{why}:{h.shape[0] * (h.shape[1] if h.dim() == 3 else 1)}")
+        return self.A.logits(h)
 
     # -- one decoder layer over the cache ------------------------------------------------------
     def layer(self, l: int, h, rows, cols, cos, sin, state, audit: bool = True):
         """Run decoder layer ``l`` on h (b, S, D) for ``rows`` at cache ``cols``; write K/V; return h."""
         A = self.A
+        self.tally(f"layer:{h.shape[0] * h.shape[1]}")
         q, k, v = A.qkv(l, h, cos, sin)
         self.cache.write(l, rows, cols, k, v, state)
         end = (cols if isinstance(cols, int) else int(cols.max())) + 1
@@ -132,12 +147,12 @@ class Engine:
             elif rule.checks_at(n, t):
                 lg = None
                 if rule.needs_logits:
-                    lg = A.logits(h_new)[:, -1]
+                    lg = self.head(h_new[:, -1], "decide")
                     self.count(rows, "head_checks", 1)
                 ex = rule.decide(StepView(n, t, self.n_new, h_new[:, -1], h[:, -1], lg))
                 if bool(ex.any()):
                     er = rows[ex]
-                    out_logits[where[ex]] = lg[ex] if lg is not None else A.logits(h_new[ex])[:, -1]
+                    out_logits[where[ex]] = lg[ex] if lg is not None else self.head(h_new[ex][:, -1], "out")
                     if lg is None:
                         self.count(er, "head_checks", 1)
                     exits[where[ex]] = n
@@ -152,7 +167,7 @@ class Engine:
             self.cache.maybe_masked[l] = True       # entries the plan left unwritten (never read: tested)
         if rule.hindsight:
             return self._decide_in_hindsight(kept, rows, col, pos)
-        out_logits[where] = A.logits(h)[:, -1]
+        out_logits[where] = self.head(h[:, -1], "out")
         self.count(rows, "head_checks", 1)
         return out_logits, exits
 
@@ -160,7 +175,7 @@ class Engine:
         """The whole stack ran; ask the rule at each checked layer from the bottom (with the top layer's
         prediction in hand), then rewind each row's cache above its exit and charge only its own layers."""
         L, rule = self.L, self.rule
-        lg = self.A.logits(torch.stack(hs, dim=1))            # (b, L, V): one head pass for all layers
+        lg = self.head(torch.stack(hs, dim=1), "hindsight")    # (b, L, V): one head pass for all layers
         final = lg[:, -1].argmax(-1)
         exits = torch.full((len(rows),), L, dtype=torch.long, device=lg.device)
         open_ = torch.ones(len(rows), dtype=torch.bool, device=lg.device)
@@ -220,7 +235,8 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
     cols = torch.arange(P)
     for l in range(L):
         h = eng.layer(l, h, slice(None), cols, cos, sin, pstate, audit=False)
-    logits = A.logits(h[:, -1])
+    logits = eng.head(h[:, -1], "out")
+    eng.phase = "decode"
 
     tokens = torch.full((B, N), pad_id, dtype=torch.long)
     exit_layer = torch.zeros((B, N), dtype=torch.long)
@@ -237,6 +253,7 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
         if t > 0:
             col = P + t - 1
             inp = force[rows, t - 1] if force is not None else tokens[rows, t - 1]
+            eng.tally("steps")
             step_logits, ex = eng.step(inp.to(dev), rows, col, pos_all[rows, col:col + 1])
             logits = torch.empty((B, step_logits.shape[-1]), dtype=step_logits.dtype, device=dev)
             logits[rows] = step_logits
@@ -257,6 +274,7 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
     for b in range(B):
         col_exit[b, P + int(n_new[b]) - 1:] = 0
         col_exit[b, : int(pad[b])] = 0
+    calls = {ph: dict(sorted(c.items())) for ph, c in eng.calls.items()}
     state = eng.cache.state.cpu()
     pending = torch.tensor([strategy.pending(b) for b in range(B)])
     flushed = None
@@ -267,4 +285,4 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
     return Result(config=config, tokens=tokens, n_new=n_new, exit_layer=exit_layer, counts=eng.counts,
                   state=state, col_exit=col_exit, prompt_len=P, pad=pad, num_layers=L, wall_s=wall,
                   logits=all_logits, kv=kv, pending=pending, flushed_state=flushed,
-                  cache_bytes=eng.cache.nbytes, meta={"rule": rule.name, "strategy": strategy.name})
+                  cache_bytes=eng.cache.nbytes, meta={"rule": rule.name, "strategy": strategy.name, "calls": calls})

@@ -45,6 +45,7 @@ class SpecRun:
     prompt_layers: int = 0
     cache_len: int = 0
     state: torch.Tensor | None = None                      # (L, C) provenance map of the shared cache
+    calls: dict = field(default_factory=dict)              # what ran, by kind and size (see Engine.calls)
 
 
 def check_draft(L: int, exit_layer, draft_len) -> None:
@@ -76,25 +77,27 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
 
     t0 = time.perf_counter()
     h = run(range(L), A.embed(torch.tensor([prompt], device=dev)), list(range(P)))
-    x = int(A.logits(h[:, -1]).argmax(-1))
+    x = int(eng.head(h[:, -1], "out").argmax(-1))
+    eng.phase = "decode"
     out = [x]
     sp = SpecRun(tokens=out, wall_s=0.0, prompt_layers=P * L)
     c = P
     bar = tqdm(total=max_new_tokens, disable=not progress, desc=f"self-spec E={E} d={d}", leave=False)
     bar.update(1)
     while len(out) < max_new_tokens and not (eos_set and out[-1] in eos_set):
+        eng.tally("steps")
         # 1. draft
         drafts, h_exit = [], []
         tok = x
         for i in range(d):
             hE = run(range(E), A.embed(torch.tensor([[tok]], device=dev)), [c + i])
             h_exit.append(hE)
-            tok = int(A.logits(hE[:, -1]).argmax(-1))
+            tok = int(eng.head(hE[:, -1], "draft").argmax(-1))
             drafts.append(tok)
         # 2. verify: y_d through the lower layers, then all d+1 columns through the upper layers
         h_exit.append(run(range(E), A.embed(torch.tensor([[drafts[-1]]], device=dev)), [c + d]))
         hv = run(range(E, L), torch.cat(h_exit, dim=1), list(range(c, c + d + 1)))
-        z = A.logits(hv[0]).argmax(-1).tolist()               # z[i] = full prediction after column c+i
+        z = eng.head(hv[0], "verify").argmax(-1).tolist()     # z[i] = full prediction after column c+i
         # 3. accept
         a = 0
         while a < d and drafts[a] == z[a]:
@@ -119,6 +122,7 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
     sp.wall_s = time.perf_counter() - t0
     sp.cache_len = c
     sp.state = eng.cache.state[:, 0].cpu()
+    sp.calls = {ph: dict(sorted(c.items())) for ph, c in eng.calls.items()}
     return sp
 
 
