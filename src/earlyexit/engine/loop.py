@@ -55,10 +55,16 @@ class Engine:
         return self.A.logits(h)
 
     # -- one decoder layer over the cache ------------------------------------------------------
-    def layer(self, l: int, h, rows, cols, cos, sin, state, audit: bool = True):
-        """Run decoder layer ``l`` on h (b, S, D) for ``rows`` at cache ``cols``; write K/V; return h."""
+    def layer(self, l: int, h, rows, cols, cos, sin, state, audit: bool = True, own: int | None = None):
+        """Run decoder layer ``l`` on h (b, S, D) for ``rows`` at cache ``cols``; write K/V; return h.
+
+        ``own``: how many of the b·S tokens are the step's own (the rest recompute earlier tokens' skipped
+        entries); by default all of them, or none when ``state`` is RECOMPUTED. Tallied as ``layer:k`` or
+        ``layer:k:r`` with r the recomputed ones."""
         A = self.A
-        self.tally(f"layer:{h.shape[0] * h.shape[1]}")
+        k_all = h.shape[0] * h.shape[1]
+        r = k_all - (own if own is not None else (0 if state is RECOMPUTED else k_all))
+        self.tally(f"layer:{k_all}:{r}" if r else f"layer:{k_all}")
         q, k, v = A.qkv(l, h, cos, sin)
         self.cache.write(l, rows, cols, k, v, state)
         end = (cols if isinstance(cols, int) else int(cols.max())) + 1
@@ -121,7 +127,7 @@ class Engine:
             hh = torch.cat([ph, h[i:i + 1]], dim=1)
             pp = torch.cat([ppos, pos[i:i + 1]], dim=1)
             c2, s2 = self.A.rope(hh, pp)
-            hn = self.layer(l, hh, torch.tensor([r]), torch.tensor(pcols + [col]), c2, s2, RECOMPUTED)
+            hn = self.layer(l, hh, torch.tensor([r]), torch.tensor(pcols + [col]), c2, s2, RECOMPUTED, own=1)
             self.cache.state[l, r, col] = COMPUTED
             self.strategy.after_layer(self, l, r, pcols, hn[:, :-1])
             self.counts["recompute_layers"][r, self.t] += len(pcols)
