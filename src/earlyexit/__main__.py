@@ -5,13 +5,15 @@
     train        build (or resume) every checkpoint chapter 6 trains under a profile: train --profile cpu
     params       show the declared parameters of one notebook, or list the notebooks
     provenance   print the provenance record of this checkout as JSON
+    figures-bundle  write a zip of every figure (PNG, PDF, SVG, JSON) with CITATION.cff and BibTeX:
+                 figures-bundle [--out PATH] [--url URL]
 """
 from __future__ import annotations
 
 import json
 import sys
 
-COMMANDS = ("book", "fetch-model", "train", "params", "provenance")
+COMMANDS = ("book", "fetch-model", "train", "params", "provenance", "figures-bundle")
 
 
 def _fetch_model(argv) -> int:
@@ -93,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         return _params(rest)
     if cmd == "provenance":
         return _provenance(rest)
+    if cmd == "figures-bundle":
+        from .book.bundle import main as bundle
+
+        return bundle(rest)
     print(f"error: unknown command {cmd!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
     return 2
 
