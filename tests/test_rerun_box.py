@@ -24,7 +24,7 @@ def _injected(path: Path) -> dict:
 
 def _run_papermill(cmd: str, cwd: Path) -> dict:
     """Run the box's papermill command with --prepare-only (inject, do not execute); return what it injected."""
-    argv = shlex.split(cmd)
+    argv = shlex.split(cmd.replace("\\\n", " "))  # the shell's line continuation
     assert argv[0] == "papermill"
     exe = Path(sys.executable).parent / "papermill"
     res = subprocess.run([str(exe), *argv[1:], "--prepare-only"], cwd=cwd, capture_output=True, text=True,
@@ -58,6 +58,14 @@ def test_papermill_command_passes_exactly_the_non_default_values(tmp_path):
         assert type(v) is type(PARAMS[k]), (k, v)
 
 
+def test_a_long_command_is_wrapped_with_continuations_and_still_runs(tmp_path):
+    cmd = runner.papermill_command("zz_nb", PARAMS, DEFAULTS, width=60)
+    lines = cmd.split("\n")
+    assert len(lines) > 2 and all(ln.endswith(" \\") for ln in lines[:-1])
+    assert all(len(ln) <= 60 + 40 for ln in lines)
+    assert shlex.split(cmd.replace("\\\n", " ")) == shlex.split(runner.papermill_command("zz_nb", PARAMS, DEFAULTS))
+
+
 def test_each_executed_chapter_opens_with_its_claim_then_the_generated_box(book):  # noqa: F811
     assert runner.main(["--profile", "t", "--only", "zz_ok", "--no-build"]) == 0
     out = book / "book" / "generated" / "zz_ok.ipynb"
@@ -72,7 +80,7 @@ def test_each_executed_chapter_opens_with_its_claim_then_the_generated_box(book)
     assert "python -m earlyexit book --profile t --only zz_ok --rerun" in src
     assert f"Commit: `{meta['git_commit']}`" in src
     assert f"at commit `{meta['git_commit'][:12]}`" in src
-    pm = next(ln for ln in src.splitlines() if ln.startswith("papermill "))
+    pm = src[src.index("papermill notebooks/"):].split("\n```")[0]
     assert pm == "papermill notebooks/zz_ok.ipynb zz_ok.out.ipynb -p model tiny-llama -p profile t -p x 5"
     # the command really injects what the runner injected
     injected = _run_papermill(pm, book)

@@ -242,31 +242,40 @@ def _papermill_value(value) -> str:
     return str(value)
 
 
-def papermill_command(name: str, parameters: dict, defaults: dict | None = None) -> str:
+def papermill_command(name: str, parameters: dict, defaults: dict | None = None, width: int | None = None) -> str:
     """The ``papermill`` command that runs ``notebooks/<name>.ipynb`` with ``parameters`` outside the book.
 
     Only the values that differ from ``defaults`` (the notebook's own, from its schema) are passed, plus
     ``profile``. Scalars go through ``-p`` (papermill turns "3" into 3 and "None" into None), a string
     that papermill would read as something else through ``-r`` (raw), lists and mappings through ``-y``
-    (YAML).
+    (YAML). With ``width``, the command is wrapped into lines of about that many characters, joined by
+    the shell's `` \\`` continuation.
     """
     import shlex
 
     from papermill.cli import _resolve_type
 
     defaults = dict(defaults or {})
-    parts = ["papermill", f"notebooks/{name}.ipynb", f"{name}.out.ipynb"]
+    units = [f"papermill notebooks/{name}.ipynb {name}.out.ipynb"]
     for key, value in parameters.items():
         if key != "profile" and key in defaults and defaults[key] == value \
                 and type(defaults[key]) is type(value):
             continue
         if isinstance(value, (list, tuple, dict)):
-            parts += ["-y", shlex.quote(json.dumps({key: value}))]
+            units.append("-y " + shlex.quote(json.dumps({key: value})))
         elif isinstance(value, str) and _resolve_type(value) != value:
-            parts += ["-r", key, shlex.quote(value)]
+            units.append(f"-r {key} {shlex.quote(value)}")
         else:
-            parts += ["-p", key, shlex.quote(_papermill_value(value))]
-    return " ".join(parts)
+            units.append(f"-p {key} {shlex.quote(_papermill_value(value))}")
+    if not width:
+        return " ".join(units)
+    lines = [units[0]]
+    for u in units[1:]:
+        if len(lines[-1]) + 1 + len(u) > width:
+            lines.append("    " + u)
+        else:
+            lines[-1] += " " + u
+    return " \\\n".join(lines)
 
 
 def _duration(seconds: float) -> str:
@@ -294,7 +303,7 @@ def rerun_box(name: str, meta: dict) -> str:
         defaults = dict(params_mod.get(name).defaults())
     except ValueError:
         defaults = {}
-    pm_cmd = papermill_command(name, dict(meta.get("parameters") or {}), defaults)
+    pm_cmd = papermill_command(name, dict(meta.get("parameters") or {}), defaults, width=88)
     book_cmd = rerun_command(name, profile)
     took = _duration(float(meta.get("duration_s") or 0))
     return "\n".join([
