@@ -74,7 +74,7 @@ RAW_MATH = [
     ("raw inline math $ ... $", re.compile(r"(?<![\\$\w])\$(?!\s)[^$\n]{1,200}(?<!\s)\$(?![\w$])")),
     ("a raw \\begin{...} environment", re.compile(r"\\begin\{[a-z*]+\}")),
 ]
-GLUE_LEFTOVERS = re.compile(r"\[myst-nb\.glue[\w_]*\]|found in glue data|Glue reference .* not found")
+GLUE_LEFTOVERS = re.compile(r"\[myst-?nb\.glue[\w_]*\]|found in glue data|Glue reference .* not found")
 
 
 def _snippet(text: str, m: re.Match, width: int = 50) -> str:
