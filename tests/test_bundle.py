@@ -65,7 +65,7 @@ def test_bundle_holds_every_figure_in_three_formats_with_sidecars_citation_and_b
     pareto = bib[bib.index("@misc{earlyexit-08_pareto"):]
     assert "title        = {{Early exit vs the KV cache}, figure 08\\_pareto}" in pareto
     assert "version      = {1.2.3}" in pareto and "year         = {2026}" in pareto
-    assert f"Made at commit {'a' * 40} with profile smoke" in pareto
+    assert f"Made at commit {'a' * 40} with profile smoke. Rebuild: python -m earlyexit book" in pareto
     assert "--only 08\\_comparison --rerun" in pareto
     assert "url" not in pareto, "no URL is known: no url field"
     # the same figures give the same bytes

@@ -177,8 +177,9 @@ def bibtex_figure(name: str, directory: Path | None = None, root: Path | None = 
     note = f"Made at commit {commit}{dirty}"
     if prov.get("profile"):
         note += f" with profile {prov['profile']}"
+    note += "."
     if sidecar.get("rerun"):
-        note += f"; rebuild: {sidecar['rerun']}"
+        note += f" Rebuild: {sidecar['rerun']}"
     return _entry("misc", _key(name), {
         "title": "{" + _tex(cff["title"]) + "}, figure " + _tex(name),
         "author": _authors(cff),
@@ -186,7 +187,7 @@ def bibtex_figure(name: str, directory: Path | None = None, root: Path | None = 
         "version": _tex(version),
         "howpublished": _tex(f"Figure {name} of the book \u201c{cff['title']}\u201d, version {version}")
         .replace("\u201c", "``").replace("\u201d", "''"),
-        "note": _tex(note + "."),
+        "note": _tex(note),
         "url": page,
     })
 
