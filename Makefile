@@ -1,7 +1,7 @@
 # Early exit vs the KV cache: two commands for a fresh clone.
 #   make book   set up .venv, fetch the model, execute every chapter (profile cpu), build _build/html
 #   make test   set up .venv, run the unit tests, then build the whole book on a tiny model
-#               (profile smoke) with Sphinx warnings as errors
+#               (profile smoke) with Sphinx warnings as errors, then open every page in headless Chromium
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -43,9 +43,12 @@ model: setup
 book: model
 	$(PY) -m earlyexit book --profile cpu
 
+# The browser check (pytest -m browser) opens the smoke book in headless Chromium, so it runs after the
+# build; EARLYEXIT_NO_BROWSER=1 skips it where no Chromium can be installed.
 test: model
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not browser"
 	$(PY) -m earlyexit book --profile smoke
+	$(PY) -m pytest -q -m browser
 
 clean:
 	rm -rf _build book/generated

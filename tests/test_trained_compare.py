@@ -239,3 +239,21 @@ def test_front_page_runs_last_because_it_summarises_the_chapters():
     assert runner.execution_order(["01_a"], "00_intro") == ["01_a"]
     names = runner.toc_notebooks()
     assert names[0] == "00_intro" and "08_comparison" in names
+
+
+def test_train_command_lists_the_profile_checkpoints(monkeypatch, capsys):
+    """`python -m earlyexit train --profile smoke` builds what chapter 6 trains under the profile (here with
+    the training replaced by a stand-in, so the test checks the wiring, not the minutes)."""
+    from earlyexit.__main__ import main
+    from earlyexit.training import checkpoints
+
+    seen = []
+
+    def fake_ensure(recipe, device="cpu", **kw):
+        seen.append(recipe.label())
+        return checkpoints.Run(recipe, paths.DATA / "x", {"step": [0], "seconds": [0.0]}, False)
+
+    monkeypatch.setattr(checkpoints, "ensure", fake_ensure)
+    assert main(["train", "--profile", "smoke"]) == 0
+    assert len(seen) == 3 and any("layerskip" in s for s in seen)
+    assert main(["train", "--profile", "nope"]) == 2

@@ -5,13 +5,15 @@
     train        build (or resume) every checkpoint chapter 6 trains under a profile: train --profile cpu
     params       show the declared parameters of one notebook, or list the notebooks
     provenance   print the provenance record of this checkout as JSON
+    figures-bundle  write a zip of every figure (PNG, PDF, SVG, JSON) with CITATION.cff and BibTeX:
+                 figures-bundle [--out PATH] [--url URL]
 """
 from __future__ import annotations
 
 import json
 import sys
 
-COMMANDS = ("book", "fetch-model", "train", "params", "provenance")
+COMMANDS = ("book", "fetch-model", "train", "params", "provenance", "figures-bundle")
 
 
 def _fetch_model(argv) -> int:
@@ -29,8 +31,8 @@ def _fetch_model(argv) -> int:
 def _train(argv) -> int:
     import argparse
 
-    from .book import runner
-    from .training import checkpoints as trained
+    from .book import runner, trained
+    from .training import checkpoints
 
     ap = argparse.ArgumentParser(prog="python -m earlyexit train",
                                  description="Build (or resume) the checkpoints chapter 6 trains under a profile; "
@@ -45,7 +47,7 @@ def _train(argv) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for name, r in recipes.items():
-        run = trained.ensure(r, device=device)
+        run = checkpoints.ensure(r, device=device)
         print(f"{name}: {run.checkpoint} ({'trained now' if run.trained_now else 'reused'}, "
               f"{len(run.history['step'])} steps, {run.seconds:.0f} s of training)")
     return 0
@@ -93,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         return _params(rest)
     if cmd == "provenance":
         return _provenance(rest)
+    if cmd == "figures-bundle":
+        from .book.bundle import main as bundle
+
+        return bundle(rest)
     print(f"error: unknown command {cmd!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
     return 2
 

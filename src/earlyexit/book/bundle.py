@@ -1,0 +1,262 @@
+"""Figures ready to cite: one zip with every figure, its provenance, CITATION.cff and BibTeX.
+
+    python -m earlyexit figures-bundle [--out PATH] [--url URL]
+
+The zip holds, under ``earlyexit-figures-<version>/``:
+
+- ``figures/<name>.png``, ``.pdf``, ``.svg`` and ``<name>.json`` (the sidecar: provenance and the
+  command that rebuilds the figure) for every figure under ``figures/``;
+- ``CITATION.cff`` (the book's citation; its version must be the package's);
+- ``figures.bib``: one ``@misc`` entry for the book and one per figure (book title, version, figure
+  label, the commit that made it, the URL when one is known);
+- ``README.txt``: what is in the bundle.
+
+The URL is ``--url``, else ``html.baseurl`` or ``repository.url`` from ``_config.yml`` (none by
+default: the entries then have no url field). :func:`bibtex_book` and :func:`bibtex_figure` return
+the BibTeX for the whole book and for one figure (for the front page's citation text).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import sys
+import zipfile
+from datetime import date
+from pathlib import Path
+
+import yaml
+
+from .. import paths
+from .figures import FORMATS
+
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same figures give the same zip
+
+
+class BundleError(Exception):
+    """Something the bundle needs is missing or inconsistent: the message says what to do."""
+
+
+# ------------------------------------------------------------------------------------ metadata
+
+def package_version(root: Path | None = None) -> str:
+    """``[project] version`` of pyproject.toml (the package's version)."""
+    import tomllib
+
+    path = Path(root or paths.REPO_ROOT) / "pyproject.toml"
+    return tomllib.loads(path.read_text())["project"]["version"]
+
+
+def citation(root: Path | None = None) -> dict:
+    """CITATION.cff, checked against the package version: raises BundleError if they disagree."""
+    root = Path(root or paths.REPO_ROOT)
+    path = root / "CITATION.cff"
+    if not path.exists():
+        raise BundleError(f"no CITATION.cff at {path}")
+    cff = yaml.safe_load(path.read_text())
+    version = package_version(root)
+    problems = []
+    if str(cff.get("version")) != version:
+        problems.append(f"its version is {cff.get('version')!r} but pyproject.toml's [project] version is "
+                        f"{version!r}")
+    released = cff.get("date-released")
+    try:
+        released = date.fromisoformat(str(released))
+    except ValueError:
+        problems.append(f"date-released {released!r} is not a date (YYYY-MM-DD)")
+    if not problems and released > date.today():
+        problems.append(f"date-released {released} is in the future")
+    if problems:
+        raise BundleError("CITATION.cff does not follow the package version: " + "; ".join(problems)
+                          + " (set CITATION.cff's version to the package version and date-released to the "
+                            "day that version was released)")
+    return cff
+
+
+def book_url(root: Path | None = None) -> str | None:
+    """Where the book is published: ``html.baseurl``, else ``repository.url``, from _config.yml."""
+    cfg = yaml.safe_load((Path(root or paths.REPO_ROOT) / "_config.yml").read_text()) or {}
+    for section, key in (("html", "baseurl"), ("repository", "url")):
+        value = str((cfg.get(section) or {}).get(key) or "").strip()
+        if value:
+            return value
+    return None
+
+
+def _authors(cff: dict) -> str:
+    names = []
+    for a in cff.get("authors") or []:
+        if a.get("name"):
+            names.append("{" + _tex(a["name"]) + "}")
+        else:
+            names.append(_tex(f"{a.get('family-names', '')}, {a.get('given-names', '')}".strip(", ")))
+    return " and ".join(names) or "{Anonymous}"
+
+
+_TEX = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$",
+        "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def _tex(text: str) -> str:
+    return "".join(_TEX.get(c, c) for c in str(text))
+
+
+def _entry(kind: str, key: str, fields: dict) -> str:
+    body = ",\n".join(f"  {k:<12} = {{{v}}}" for k, v in fields.items() if v)
+    return f"@{kind}{{{key},\n{body}\n}}\n"
+
+
+def _key(name: str) -> str:
+    return "earlyexit-" + re.sub(r"[^A-Za-z0-9_\-:]", "-", name)
+
+
+# -------------------------------------------------------------------------------------- BibTeX
+
+def bibtex_book(root: Path | None = None, url: str | None = None) -> str:
+    """The BibTeX entry for the whole book (``@misc{earlyexit-book, ...}``)."""
+    cff = citation(root)
+    version = str(cff["version"])
+    url = url or book_url(root)
+    return _entry("misc", _key("book"), {
+        "title": "{" + _tex(cff["title"]) + "}",
+        "author": _authors(cff),
+        "year": str(cff["date-released"])[:4],
+        "version": _tex(version),
+        "howpublished": _tex(f"Online book, version {version}"),
+        "url": url,
+    })
+
+
+def figure_sidecars(directory: Path | None = None) -> dict[str, dict]:
+    """{figure name: sidecar} for every figure under ``directory`` (default figures/).
+
+    Raises BundleError naming every figure whose PNG, PDF, SVG or readable sidecar is missing."""
+    directory = Path(directory or paths.FIGURES)
+    if not directory.is_dir():
+        raise BundleError(f"no figures folder at {directory}: build the book first (make book)")
+    stems = sorted({p.stem for p in directory.iterdir() if p.suffix[1:] in (*FORMATS, "json")
+                    and not p.name.startswith(".")})
+    out, problems = {}, []
+    for name in stems:
+        missing = [f"{name}.{ext}" for ext in (*FORMATS, "json") if not (directory / f"{name}.{ext}").exists()]
+        if missing:
+            problems.append(f"{name}: missing {', '.join(missing)}")
+            continue
+        try:
+            side = json.loads((directory / f"{name}.json").read_text())
+        except (OSError, ValueError) as e:
+            problems.append(f"{name}: {name}.json is not readable JSON ({e})")
+            continue
+        out[name] = side
+    if problems:
+        raise BundleError(f"incomplete figures in {directory}:\n  - " + "\n  - ".join(problems)
+                          + "\n(rebuild them: each sidecar's 'rerun' command, or make book)")
+    if not out:
+        raise BundleError(f"no figures in {directory}: build the book first (make book)")
+    return out
+
+
+def bibtex_figure(name: str, directory: Path | None = None, root: Path | None = None,
+                  url: str | None = None, sidecar: dict | None = None) -> str:
+    """The BibTeX entry for one figure (``@misc{earlyexit-<name>, ...}``), from its sidecar."""
+    cff = citation(root)
+    if sidecar is None:
+        path = Path(directory or paths.FIGURES) / f"{name}.json"
+        if not path.exists():
+            valid = ", ".join(figure_sidecars(directory)) if Path(directory or paths.FIGURES).is_dir() else ""
+            raise BundleError(f"no figure {name!r} (no {path}); figures: {valid or 'none'}")
+        sidecar = json.loads(path.read_text())
+    prov = sidecar.get("provenance") or {}
+    version = str(cff["version"])
+    commit = str(prov.get("git_commit") or "unknown")
+    dirty = " (with uncommitted changes)" if prov.get("git_dirty") else ""
+    notebook = prov.get("notebook")
+    base = url or book_url(root)
+    page = f"{base.rstrip('/')}/book/generated/{notebook}.html" if base and notebook else base
+    note = f"Made at commit {commit}{dirty}"
+    if prov.get("profile"):
+        note += f" with profile {prov['profile']}"
+    note += "."
+    if sidecar.get("rerun"):
+        note += f" Rebuild: {sidecar['rerun']}"
+    return _entry("misc", _key(name), {
+        "title": "{" + _tex(cff["title"]) + "}, figure " + _tex(name),
+        "author": _authors(cff),
+        "year": str(cff["date-released"])[:4],
+        "version": _tex(version),
+        "howpublished": _tex(f"Figure {name} of the book \u201c{cff['title']}\u201d, version {version}")
+        .replace("\u201c", "``").replace("\u201d", "''"),
+        "note": _tex(note),
+        "url": page,
+    })
+
+
+# -------------------------------------------------------------------------------------- bundle
+
+def default_out(root: Path | None = None) -> Path:
+    root = Path(root or paths.REPO_ROOT)
+    return root / "_build" / f"earlyexit-figures-{package_version(root)}.zip"
+
+
+def write_bundle(out: Path | None = None, directory: Path | None = None, root: Path | None = None,
+                 url: str | None = None) -> tuple[Path, list[str]]:
+    """Write the zip (see the module's docstring); return its path and the names inside it."""
+    root = Path(root or paths.REPO_ROOT)
+    directory = Path(directory or paths.FIGURES)
+    cff = citation(root)
+    sidecars = figure_sidecars(directory)
+    version = str(cff["version"])
+    out = Path(out) if out else default_out(root)
+    top = f"earlyexit-figures-{version}/"
+    bib = [bibtex_book(root, url)] + [bibtex_figure(n, directory, root, url, sidecar=s)
+                                      for n, s in sidecars.items()]
+    readme = [f"{cff['title']}, version {version}: every figure of the book, ready to cite.", "",
+              "figures/<name>.png, .pdf, .svg  the figure (PDF and SVG keep text as text)",
+              "figures/<name>.json             provenance (parameters, model, software, commit) and the command "
+              "that rebuilds it",
+              "figures.bib                     BibTeX: the book (earlyexit-book) and each figure (earlyexit-<name>)",
+              "CITATION.cff                    how to cite the book", "", "Figures:"]
+    readme += [f"  {n}: {s.get('rerun', '')}" for n, s in sidecars.items()]
+    members: list[tuple[str, bytes]] = []
+    for name in sidecars:
+        for ext in (*FORMATS, "json"):
+            members.append((f"{top}figures/{name}.{ext}", (directory / f"{name}.{ext}").read_bytes()))
+    members += [(f"{top}CITATION.cff", (root / "CITATION.cff").read_bytes()),
+                (f"{top}figures.bib", "\n".join(bib).encode()),
+                (f"{top}README.txt", ("\n".join(readme) + "\n").encode())]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for arcname, data in members:
+            info = zipfile.ZipInfo(arcname, date_time=ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            z.writestr(info, data)
+    from ..files import atomic_write_bytes
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out, buf.getvalue())
+    return out, [m[0] for m in members]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m earlyexit figures-bundle",
+                                 description="Write a zip of every figure (PNG, PDF, SVG, JSON sidecar) with "
+                                             "CITATION.cff and a BibTeX file with one entry per figure.")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the zip to write (default _build/earlyexit-figures-<version>.zip)")
+    ap.add_argument("--figures", type=Path, default=None, help="the figures folder (default figures/)")
+    ap.add_argument("--url", default=None,
+                    help="where the book is published (default: html.baseurl or repository.url of _config.yml)")
+    args = ap.parse_args(argv)
+    try:
+        out, names = write_bundle(args.out, args.figures, url=args.url)
+    except BundleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    with zipfile.ZipFile(out) as z:
+        for info in z.infolist():
+            print(f"{info.file_size:>10}  {info.filename}")
+    n = sum(1 for m in names if m.endswith(".json"))
+    print(f"{n} figures -> {out}")
+    return 0
