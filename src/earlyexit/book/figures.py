@@ -125,16 +125,17 @@ def cite_note(name: str, provenance: Mapping | None = None) -> str:
 
 
 def publish(fig, name: str, provenance: Mapping | None = None, *, key: str | None = None,
-            close: bool = True) -> dict:
+            close: bool = True) -> None:
     """Save ``fig`` (see :func:`save_figure`) and glue it for the book.
 
     Glues the figure under ``key`` (default ``name``) for a ``{glue:figure}`` directive, and the caption's
     cite / rerun line (:func:`cite_note`) as text under ``<key>_cite``. Closes the figure unless ``close``
-    is False. Returns what :func:`save_figure` returns.
+    is False. Returns nothing, so that a notebook cell ending with it prints nothing (:func:`save_figure` returns
+    the files written).
     """
     from myst_nb import glue
 
-    out = save_figure(fig, name, provenance)
+    save_figure(fig, name, provenance)
     key = key or name
     glue(key, fig, display=False)
     glue(f"{key}_cite", cite_note(name, provenance), display=False)
@@ -142,4 +143,3 @@ def publish(fig, name: str, provenance: Mapping | None = None, *, key: str | Non
         import matplotlib.pyplot as plt
 
         plt.close(fig)
-    return out

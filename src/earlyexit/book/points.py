@@ -176,12 +176,12 @@ def sweep(lm, es: EvalSet, n_new: int, configs, ppl_for=(), progress: bool = Tru
     ``ppl_for``: the configs (or their labels) whose reference perplexity is measured as well (a second,
     teacher-forced pass), or True for all of them.
     """
-    from tqdm.auto import tqdm
+    from ..progress import bar
 
     wanted = set(ppl_for or ()) if ppl_for is not True else set()
     frames = []
     configs = list(configs)
-    for cfg in tqdm(configs, desc="points", disable=not (progress and store.progress_enabled()), leave=False):
+    for cfg in bar(configs, show=progress, desc="points", leave=False):
         ppl = ppl_for is True or cfg in wanted or cfg.label in wanted
         frames.append(point(lm, es, n_new, cfg, with_ppl=ppl))
     return pd.concat(frames, ignore_index=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -225,7 +224,9 @@ def _frames_equal(a, b) -> bool:
 
 
 def progress_enabled() -> bool:
-    return os.environ.get("EARLYEXIT_PROGRESS", "1") not in ("0", "false", "no")
+    from ..progress import enabled
+
+    return enabled()
 
 
 def sweep(name: str, points: Iterable[Mapping], fn: Callable[..., Any], *, model=None,

@@ -17,8 +17,7 @@ from collections import Counter
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
-
+from ..progress import bar
 from .adapter import Adapter
 from .cache import COMPUTED, HOLE, PAD, RECOMPUTED, KVCache
 from .config import COUNTERS, DecodeConfig, Result
@@ -253,7 +252,7 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
     eng.counts["layers_run"][:, 0] = L
     eng.counts["head_checks"][:, 0] = 1
     rows = torch.arange(B)
-    it = tqdm(range(N), desc=config.label, disable=not progress, leave=False)
+    it = bar(range(N), show=progress, desc=config.label, leave=False)
     for t in it:
         eng.t = t
         if t > 0:

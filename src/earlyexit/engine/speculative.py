@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar as progress_bar
 from .adapter import Adapter
 from .cache import COMPUTED
 from .loop import Engine
@@ -82,7 +82,7 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
     out = [x]
     sp = SpecRun(tokens=out, wall_s=0.0, prompt_layers=P * L)
     c = P
-    bar = tqdm(total=max_new_tokens, disable=not progress, desc=f"self-spec E={E} d={d}", leave=False)
+    bar = progress_bar(total=max_new_tokens, show=progress, desc=f"self-spec E={E} d={d}", leave=False)
     bar.update(1)
     while len(out) < max_new_tokens and not (eos_set and out[-1] in eos_set):
         eng.tally("steps")

@@ -22,6 +22,7 @@ import torch
 
 from ..engine.adapter import adapter
 from ..files import atomic_dir
+from ..progress import enabled as progress_enabled
 from .forward import early_exit_loss
 from .recipe import RESUME_FREE, TrainConfig, curriculum_layers, exit_loss_weights, layer_dropout_rates, lr_at
 
@@ -182,7 +183,7 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
     was_training = model.training
     use_amp = cfg.amp and device.type == "cuda"
     bar = None
-    if progress and start < cfg.steps:
+    if progress and start < cfg.steps and progress_enabled():
         from tqdm.auto import tqdm
         bar = tqdm(total=cfg.steps, initial=start, desc="LayerSkip" if cfg.recipe else "baseline",
                    unit="step")
