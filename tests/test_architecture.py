@@ -99,7 +99,8 @@ def test_every_strategy_hook_the_loop_calls_is_declared():
 def test_every_rule_answers_plan_checks_and_decide():
     from earlyexit.engine.rules import RULES, make_rule
 
-    kw = {"static": {"layer": 3}, "skipdecode": {"e_max": 6, "e_min": 3}, "scripted": {"exits": (2, 3)}}
+    kw = {"static": {"layer": 3}, "skipdecode": {"e_max": 6, "e_min": 3}, "scripted": {"exits": (2, 3)},
+          "classifier": {"classifier": "some-folder"}}
     for name in RULES:
         r = make_rule(name, 6, **kw.get(name, {}))
         assert list(r.plan(2)) and all(0 <= l < 6 for l in r.plan(2))

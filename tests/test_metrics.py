@@ -233,3 +233,11 @@ def test_oracle_error_split_scripted():
     arr = M.oracle_error_split(np.array([0.5, 1.0]), np.array([0.25, 0.5]), np.array([0.25, 0.0]))
     np.testing.assert_allclose(arr["exit_decision"] + arr["cache"] + arr["interaction"], arr["total"])
     assert arr["interaction"].tolist() == [0.0, 0.5]
+
+
+def test_ltt_min_calibration_is_the_smallest_set_that_can_pass():
+    n = M.ltt_min_calibration(0.25, 0.1)                    # every calibration prompt perfect
+    assert n == 9
+    assert M.hoeffding_bentkus_pvalue(0.0, n, 0.25) <= 0.1 < M.hoeffding_bentkus_pvalue(0.0, n - 1, 0.25)
+    assert M.ltt_min_calibration(0.25, 0.1, risk_hat=0.1) > n   # a noisier risk needs more prompts
+    assert M.ltt_min_calibration(0.25, 0.1, risk_hat=0.3) is None

@@ -12,3 +12,10 @@ FIGURES = Path(os.environ.get("EARLYEXIT_FIGURES", REPO_ROOT / "figures")).resol
 NOTEBOOKS = REPO_ROOT / "notebooks"  # stripped sources, one chapter each
 GENERATED = REPO_ROOT / "book" / "generated"  # executed copies that the book is built from
 PROFILES = REPO_ROOT / "profiles"
+
+
+def relative(p) -> str:
+    """``p`` relative to the repository root where it lies inside it (so that no message or page shows
+    where this machine keeps the checkout), else as given."""
+    p = Path(p)
+    return str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p)

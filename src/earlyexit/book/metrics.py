@@ -317,6 +317,27 @@ def ltt_fixed_sequence(thresholds_desc, losses_by_threshold, epsilon: float, del
     return best
 
 
+def ltt_min_calibration(epsilon: float, delta: float, risk_hat: float = 0.0, n_max: int = 100_000) -> int | None:
+    """The smallest calibration set (number of prompts) on which Learn then Test could accept a threshold at
+    tolerance ε and level δ when the empirical risk there is ``risk_hat`` (0: the best case, every
+    calibration prompt perfect): the least n with Hoeffding–Bentkus p-value ≤ δ. None if no n ≤ ``n_max``
+    does (risk_hat ≥ ε never passes)."""
+    if not 0.0 < delta < 1.0:
+        raise ValueError("delta must lie in (0, 1)")
+    if risk_hat >= epsilon:
+        return None
+    lo, hi = 1, n_max
+    if hoeffding_bentkus_pvalue(risk_hat, hi, epsilon) > delta:
+        return None
+    while lo < hi:                         # the p-value falls with n at a fixed empirical risk
+        mid = (lo + hi) // 2
+        if hoeffding_bentkus_pvalue(risk_hat, mid, epsilon) <= delta:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 # --------------------------------------------------------------------------- CALM oracle split
 
 

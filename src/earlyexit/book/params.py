@@ -123,12 +123,13 @@ def register(notebook: str, doc: str = "", **params: Param) -> Schema:
 
 def get(notebook: str) -> Schema:
     if notebook not in SCHEMAS:
-        raise ValueError(f"no parameter schema for notebook {notebook!r}{_suggest(notebook, SCHEMAS)}; "
+        raise ValueError(f"no parameter schema for notebook {notebook!r}{suggest(notebook, SCHEMAS)}; "
                          f"known: {', '.join(sorted(SCHEMAS))} (declare one in earlyexit/params.py)")
     return SCHEMAS[notebook]
 
 
-def _suggest(name: str, valid: Iterable[str]) -> str:
+def suggest(name: str, valid: Iterable[str]) -> str:
+    """' (did you mean X?)' for the closest valid name, or ''."""
     close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -178,7 +179,7 @@ def _value_problems(name: str, p: Param, value) -> list[str]:
             elif (lo is not None and v < lo) or (hi is not None and v > hi):
                 problems.append(f"{where}: {v!r} is out of range [{lo}, {hi}]")
         if p.choices is not None and v not in p.choices:
-            problems.append(f"{where}: {v!r} is not one of {list(p.choices)}{_suggest(str(v), map(str, p.choices))}")
+            problems.append(f"{where}: {v!r} is not one of {list(p.choices)}{suggest(str(v), map(str, p.choices))}")
     return problems
 
 
@@ -193,7 +194,7 @@ def validate(schema: Schema | str, values: Mapping[str, Any], *, fill_defaults: 
     problems = []
     for k in values:
         if k not in schema.params:
-            problems.append(f"unknown parameter {k!r}{_suggest(k, schema.params)}")
+            problems.append(f"unknown parameter {k!r}{suggest(k, schema.params)}")
     out = schema.defaults() if fill_defaults else Params()
     out.notebook = schema.name or None
     for k, v in values.items():

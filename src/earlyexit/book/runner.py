@@ -17,7 +17,6 @@ and JSON sidecar under figures/ (:func:`check_figures`); a missing one fails it.
 from __future__ import annotations
 
 import argparse
-import difflib
 import hashlib
 import json
 import os
@@ -25,170 +24,26 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
-
-from . import params as params_mod
 from .. import paths
-from .provenance import code_version, git_info, rerun_command, software
 from ..files import atomic_write_bytes, canonical
+from . import params as params_mod
+from .profiles import (GENERATED_PREFIX, PROFILE_KEYS, Profile, UsageError,  # noqa: F401
+                       available_profiles, execution_order, load_profile, toc_notebooks, toc_path, toc_root)
+from .provenance import code_version, git_info, rerun_command, software
+from .rerun import RERUN_TAG, add_rerun_box, papermill_command, rerun_box  # noqa: F401
 
-GENERATED_PREFIX = "book/generated/"
-PROFILE_KEYS = {
-    "description": "one line: what this profile is for and how long it takes",
-    "common": "parameters given to every notebook (only the COMMON ones: "
-              + ", ".join(params_mod.COMMON) + ")",
-    "notebooks": "per-notebook parameters: {notebook name: {parameter: value}}",
-    "timeout_s": "longest a single cell may run, in seconds (default: no limit)",
-}
+
 # jupyter_client starts the "python3" kernel with sys.executable, so notebooks run in this very
 # interpreter (the .venv that has earlyexit installed), whatever `python` is on PATH.
 KERNEL = "python3"
 
 
-class UsageError(Exception):
-    """A mistake in the command line or a profile: reported in one message, exit code 2."""
-
-
 class NotebookFailed(Exception):
     pass
 
-
-# ---------------------------------------------------------------------------------- toc / profiles
-
-def toc_path() -> Path:
-    return paths.REPO_ROOT / "_toc.yml"
-
-
-def toc_notebooks(path: Path | None = None) -> list[str]:
-    """Names of the executed notebooks listed in the table of contents, in book order."""
-    toc = yaml.safe_load(Path(path or toc_path()).read_text())
-    found: list[str] = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            for key in ("root", "file"):
-                f = node.get(key)
-                if isinstance(f, str) and f.startswith(GENERATED_PREFIX):
-                    found.append(Path(f[len(GENERATED_PREFIX):]).with_suffix("").name
-                                 if f.endswith(".ipynb") else f[len(GENERATED_PREFIX):])
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(toc)
-    return found
-
-
-def toc_root(path: Path | None = None) -> str | None:
-    """The executed notebook that is the book's first page, if the root is one."""
-    root = yaml.safe_load(Path(path or toc_path()).read_text()).get("root")
-    if isinstance(root, str) and root.startswith(GENERATED_PREFIX):
-        return Path(root[len(GENERATED_PREFIX):]).with_suffix("").name if root.endswith(".ipynb") \
-            else root[len(GENERATED_PREFIX):]
-    return None
-
-
-def execution_order(names: list[str], root: str | None) -> list[str]:
-    """The order notebooks run in: book order, except that the front page runs last, because it
-    summarises the chapters (it reads their results from the result cache rather than computing them)."""
-    return [n for n in names if n != root] + ([root] if root in names else [])
-
-
-def available_profiles(profiles_dir: Path | None = None) -> list[str]:
-    d = Path(profiles_dir or paths.PROFILES)
-    return sorted(p.stem for p in d.glob("*.yml"))
-
-
-def _rel(p: Path) -> str:
-    """``p`` relative to the repository root where it lies inside it."""
-    p = Path(p)
-    return str(p.relative_to(paths.REPO_ROOT)) if p.is_relative_to(paths.REPO_ROOT) else str(p)
-
-
-def _suggest(name, valid) -> str:
-    close = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-@dataclass
-class Profile:
-    name: str
-    description: str
-    common: dict
-    notebooks: dict
-    timeout_s: int | None
-
-    def parameters(self, notebook: str) -> params_mod.Params:
-        """The validated parameters of ``notebook`` under this profile (defaults filled in)."""
-        raw = {**self.common, **self.notebooks.get(notebook, {}), "profile": self.name}
-        return params_mod.validate(params_mod.get(notebook), raw)
-
-
-def load_profile(name: str, profiles_dir: Path | None = None, notebooks: list[str] | None = None) -> Profile:
-    """Read and validate ``profiles/<name>.yml``; raise UsageError listing every problem."""
-    d = Path(profiles_dir or paths.PROFILES)
-    valid = available_profiles(d)
-    if name not in valid:
-        raise UsageError(f"unknown profile {name!r}{_suggest(name, valid)}; valid: {', '.join(valid)}")
-    path = d / f"{name}.yml"
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UsageError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: must be a mapping with keys {', '.join(PROFILE_KEYS)}")
-    problems = []
-    for k in data:
-        if k not in PROFILE_KEYS:
-            problems.append(f"unknown key {k!r}{_suggest(k, PROFILE_KEYS)}; valid keys: {', '.join(PROFILE_KEYS)}")
-    common = data.get("common") or {}
-    nbs = data.get("notebooks") or {}
-    if not isinstance(common, dict):
-        problems.append("'common' must be a mapping of parameter: value")
-        common = {}
-    if not isinstance(nbs, dict):
-        problems.append("'notebooks' must be a mapping of notebook name: {parameter: value}")
-        nbs = {}
-    for k in common:
-        if k not in params_mod.COMMON:
-            problems.append(f"common: {k!r} is not a common parameter{_suggest(k, params_mod.COMMON)}; "
-                            f"common ones: {', '.join(params_mod.COMMON)} (put notebook-specific ones "
-                            f"under notebooks: <name>:)")
-    if "profile" in common:
-        problems.append("common: 'profile' is set by the runner from the file name; remove it")
-    known = list(notebooks) if notebooks is not None else sorted(params_mod.SCHEMAS)
-    timeout = data.get("timeout_s")
-    if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0):
-        problems.append(f"timeout_s must be a positive integer number of seconds, got {timeout!r}")
-    prof = Profile(name, str(data.get("description", "")), dict(common), {}, timeout)
-    for nb, values in nbs.items():
-        if nb not in known:
-            problems.append(f"notebooks: unknown notebook {nb!r}{_suggest(nb, known)}; known: {', '.join(known)}")
-            continue
-        if not isinstance(values, dict):
-            problems.append(f"notebooks: {nb}: must be a mapping of parameter: value")
-            continue
-        prof.notebooks[nb] = dict(values)
-    for nb in known:
-        if nb not in params_mod.SCHEMAS:
-            continue
-        try:
-            prof.parameters(nb)
-        except ValueError as e:
-            lines = [ln.strip()[2:] for ln in str(e).splitlines() if ln.strip().startswith("- ")]
-            problems += [f"notebooks: {nb}: {ln}" for ln in lines]
-    if problems:
-        raise UsageError(f"profile {name!r} ({_rel(path)}) is invalid:\n  - " + "\n  - ".join(dict.fromkeys(problems)))
-    return prof
-
-
-# ------------------------------------------------------------------------------------- execution
 
 def source_path(name: str) -> Path:
     return paths.NOTEBOOKS / f"{name}.ipynb"
@@ -230,119 +85,6 @@ def _tag_for_book(nb) -> None:
             tags.append("hide-cell")
 
 
-# ------------------------------------------------------------------------------------ rerun box
-
-RERUN_TAG = "earlyexit-rerun"  # tag and CSS class of the generated box (tests and the browser check find it)
-
-
-def _papermill_value(value) -> str:
-    """How ``papermill -p`` reads ``value`` back: True/False/None/int/float literals, else a string."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return repr(value)
-    return str(value)
-
-
-def papermill_command(name: str, parameters: dict, defaults: dict | None = None, width: int | None = None) -> str:
-    """The ``papermill`` command that runs ``notebooks/<name>.ipynb`` with ``parameters`` outside the book.
-
-    Only the values that differ from ``defaults`` (the notebook's own, from its schema) are passed, plus
-    ``profile``. Scalars go through ``-p`` (papermill turns "3" into 3 and "None" into None), a string
-    that papermill would read as something else through ``-r`` (raw), lists and mappings through ``-y``
-    (YAML). With ``width``, the command is wrapped into lines of about that many characters, joined by
-    the shell's `` \\`` continuation.
-    """
-    import shlex
-
-    from papermill.cli import _resolve_type
-
-    defaults = dict(defaults or {})
-    units = [f"papermill notebooks/{name}.ipynb {name}.out.ipynb"]
-    for key, value in parameters.items():
-        if key != "profile" and key in defaults and defaults[key] == value \
-                and type(defaults[key]) is type(value):
-            continue
-        if isinstance(value, (list, tuple, dict)):
-            units.append("-y " + shlex.quote(json.dumps({key: value})))
-        elif isinstance(value, str) and _resolve_type(value) != value:
-            units.append(f"-r {key} {shlex.quote(value)}")
-        else:
-            units.append(f"-p {key} {shlex.quote(_papermill_value(value))}")
-    if not width:
-        return " ".join(units)
-    lines = [units[0]]
-    for u in units[1:]:
-        if len(lines[-1]) + 1 + len(u) > width:
-            lines.append("    " + u)
-        else:
-            lines[-1] += " " + u
-    return " \\\n".join(lines)
-
-
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
-
-
-def rerun_box(name: str, meta: dict) -> str:
-    """The markdown of the box that opens an executed chapter: how it was made and how to rebuild it.
-
-    ``meta`` is the notebook's ``earlyexit`` metadata (profile, parameters, duration_s, git_commit,
-    git_dirty, executed_utc). The title carries the facts (profile, run time, commit); the commands
-    are one click away (a dropdown), so the chapter still opens with its claim.
-    """
-    profile = meta.get("profile") or "cpu"
-    commit = str(meta.get("git_commit") or "unknown")
-    short = commit[:12] if commit != "unknown" else commit
-    dirty = " (with uncommitted changes)" if meta.get("git_dirty") else ""
-    when = str(meta.get("executed_utc", ""))[:10]
-    try:
-        defaults = dict(params_mod.get(name).defaults())
-    except ValueError:
-        defaults = {}
-    pm_cmd = papermill_command(name, dict(meta.get("parameters") or {}), defaults, width=88)
-    book_cmd = rerun_command(name, profile)
-    took = _duration(float(meta.get("duration_s") or 0))
-    return "\n".join([
-        f":::{{admonition}} Built with profile `{profile}` in {took}, at commit `{short}`{dirty}",
-        f":class: dropdown note {RERUN_TAG}",
-        "",
-        f"This page is the notebook `notebooks/{name}.ipynb`, executed on {when} (UTC) with the "
-        f"parameters of `profiles/{profile}.yml`. The download button above offers the executed notebook.",
-        "Rebuild it as part of the book (from the repository root, in its `.venv`):",
-        "",
-        "```bash",
-        book_cmd,
-        "```",
-        "",
-        "or run it alone with papermill (the values that differ from the notebook's defaults):",
-        "",
-        "```bash",
-        pm_cmd,
-        "```",
-        "",
-        f"Commit: `{commit}`{dirty}.",
-        ":::",
-    ])
-
-
-def add_rerun_box(nb, name: str) -> None:
-    """Insert :func:`rerun_box` after the notebook's first markdown cell (its title and claim),
-    replacing a box inserted before."""
-    import nbformat
-
-    nb.cells = [c for c in nb.cells if RERUN_TAG not in c.get("metadata", {}).get("tags", [])]
-    cell = nbformat.v4.new_markdown_cell(rerun_box(name, nb.metadata.get("earlyexit", {})))
-    cell.metadata["tags"] = [RERUN_TAG]
-    cell.pop("id", None)
-    cell["id"] = f"{RERUN_TAG}-box"
-    first_md = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), -1)
-    nb.cells.insert(first_md + 1, cell)
-
-
 def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progress: bool = True,
             meta: dict | None = None) -> Path:
     """Run notebooks/<name>.ipynb with ``parameters`` into book/generated/<name>.ipynb.
@@ -370,7 +112,7 @@ def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progre
         where = _failing_line(e)
         evalue = str(e.evalue).strip()
         raise NotebookFailed(f"notebook {name} failed in {cell}{where}: {e.ename}: {evalue}\n"
-                             f"partial output kept at {_rel(failed)}") from None
+                             f"partial output kept at {paths.relative(failed)}") from None
     except BaseException:
         if tmp.exists():
             os.replace(tmp, failed)
@@ -420,7 +162,7 @@ def check_figures(notebook_names) -> list[str]:
         try:
             nb = json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            problems.append(f"{name}: cannot read {_rel(path)}: {e}")
+            problems.append(f"{name}: cannot read {paths.relative(path)}: {e}")
             continue
         rerun = "rebuild: " + rerun_command(name, nb.get("metadata", {}).get("earlyexit", {}).get("profile"))
         for cell in nb.get("cells", []):
@@ -470,8 +212,6 @@ def build_html(strict: bool = True) -> int:
     return subprocess.run(cmd, cwd=paths.REPO_ROOT).returncode
 
 
-# ------------------------------------------------------------------------------------------- CLI
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m earlyexit book",
@@ -489,13 +229,13 @@ def _plan(args) -> tuple[Profile, list[str], list[str]]:
     """Check everything that can be checked before any work: raise UsageError on a problem."""
     valid_profiles = available_profiles()
     if args.profile not in valid_profiles:
-        raise UsageError(f"unknown profile {args.profile!r}{_suggest(args.profile, valid_profiles)}; "
+        raise UsageError(f"unknown profile {args.profile!r}{params_mod.suggest(args.profile, valid_profiles)}; "
                          f"valid: {', '.join(valid_profiles)}")
     names = toc_notebooks()
     if args.only:
         bad = [n for n in args.only if n not in names]
         if bad:
-            hint = "".join(_suggest(b, names) for b in bad[:1])
+            hint = "".join(params_mod.suggest(b, names) for b in bad[:1])
             raise UsageError(f"unknown notebook {', '.join(map(repr, bad))}{hint}; "
                              f"valid: {', '.join(names) or '(none listed in _toc.yml)'}")
     problems = []
@@ -575,3 +315,4 @@ def main(argv: list[str] | None = None) -> int:
     index = paths.REPO_ROOT / "_build" / "html" / "index.html"
     print(f"book built in {time.perf_counter() - t_all:.0f} s; open it at\n{index}")
     return 0
+

@@ -54,6 +54,9 @@ class Adapter:
         self.vocab = cfg.vocab_size
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        # the weights' identity when the caller knows it (a LoadedModel does), for checks such as a
+        # classifier trained for this very model
+        self.weights_id = getattr(lm, "weights_sha256", None) if not isinstance(lm, Adapter) else lm.weights_id
 
     @property
     def context_limit(self) -> int:

@@ -71,6 +71,7 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
 
     if config.method == "early-exit":
         rule = make_rule(config.rule, L, **config.args)
+        rule.bind(A)
         strategy = make_strategy(config.strategy)
         if force is not None:
             force = torch.as_tensor(force, dtype=torch.long)

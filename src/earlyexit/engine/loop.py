@@ -154,6 +154,8 @@ class Engine:
                 if rule.needs_logits:
                     lg = self.head(h_new[:, -1], "decide")
                     self.count(rows, "head_checks", 1)
+                if not rule.needs_logits:
+                    self.tally(f"check:{rule.name}:{len(rows)}")
                 ex = rule.decide(StepView(n, t, self.n_new, h_new[:, -1], h[:, -1], lg))
                 if bool(ex.any()):
                     er = rows[ex]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-RULES = ("full", "static", "softmax", "margin", "saturation", "oracle", "skipdecode", "scripted")
+RULES = ("full", "static", "softmax", "margin", "saturation", "classifier", "oracle", "skipdecode", "scripted")
 
 
 @dataclass
@@ -63,6 +63,10 @@ class ExitRule:
             if bad:
                 raise ValueError(f"check_layers must lie in [1, {L}], got {bad}")
             self.check_layers = tuple(sorted(set(self.check_layers)))
+
+    def bind(self, A) -> None:
+        """Called once before decoding with the model's Adapter (a rule that needs the model's pieces or must
+        check that it fits the model does it here, before any compute)."""
 
     def plan(self, t: int):
         """The 0-based layers step ``t`` runs, in order: all of them unless a rule says otherwise."""
@@ -170,6 +174,44 @@ class Saturation(_Thresholded):
 
 
 @dataclass
+class Classifier(_Thresholded):
+    """Exit when CALM's learned early-exit classifier (:mod:`earlyexit.engine.classifier`) gives probability
+    ≥ λ_t that exiting here keeps the full model's token. No head is read to decide; the head runs once, at
+    the exit. ``classifier`` is the classifier's folder: a name under ``data/checkpoints/`` or a path."""
+
+    classifier: str = ""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.name = "classifier"
+        if not isinstance(self.classifier, str) or not self.classifier:
+            raise ValueError("the classifier rule needs classifier=<folder name under data/checkpoints, or a path> "
+                             "(train one with earlyexit.training.classifier.ensure)")
+        self._clf = None
+
+    def folder(self):
+        from pathlib import Path
+
+        from ..paths import DATA
+
+        p = Path(self.classifier)
+        return p if p.is_absolute() or p.exists() else DATA / "checkpoints" / self.classifier
+
+    def bind(self, A):
+        from .classifier import load_classifier
+
+        clf, _ = load_classifier(self.folder(), hidden_size=A.config.hidden_size, num_layers=A.L,
+                                 weights_sha256=A.weights_id)
+        self._clf, self._norm = clf.to(device=A.device, dtype=A.dtype), A.norm
+
+    def decide(self, s):
+        if self._clf is None:
+            raise RuntimeError("the classifier rule was not bound to a model (decode() does this)")
+        score = self._clf(self._norm(s.h), s.n)
+        return torch.sigmoid(score.float()) >= self.lam(s.t, s.n_new)
+
+
+@dataclass
 class Oracle(ExitRule):
     """Exit at the first layer whose argmax equals the full stack's (run on the same cache).
 
@@ -254,7 +296,8 @@ class Scripted(ExitRule):
 def make_rule(name: str, num_layers: int, **kw) -> ExitRule:
     """Build a rule by name; ``kw`` are the rule's fields (threshold, layer, min_layer, ...)."""
     table = {"full": FullDepth, "static": StaticExit, "softmax": SoftmaxConfidence, "margin": Margin,
-             "saturation": Saturation, "oracle": Oracle, "skipdecode": SkipDecode, "scripted": Scripted}
+             "saturation": Saturation, "classifier": Classifier, "oracle": Oracle, "skipdecode": SkipDecode,
+             "scripted": Scripted}
     if name not in table:
         raise ValueError(f"unknown exit rule {name!r}; valid: {', '.join(RULES)}")
     cls = table[name]

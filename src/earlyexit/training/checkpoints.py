@@ -181,7 +181,7 @@ def load(recipe: Recipe, device: str = "auto", dtype=None, root: Path | None = N
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     model = base.model.to(device=dev, dtype=dt).eval()
-    rel = ck.relative_to(paths.REPO_ROOT) if ck.is_relative_to(paths.REPO_ROOT) else ck
+    rel = paths.relative(ck)
     return LoadedModel(f"{recipe.base}+{recipe.label().rsplit('-', 1)[-1]}@{recipe.key()}", model, base.tokenizer,
                        sha256_file(ck / "model.safetensors"), f"trained checkpoint {rel}",
                        {"base": recipe.base, "train_key": recipe.key(), "data_seed": recipe.data_seed,
