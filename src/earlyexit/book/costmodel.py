@@ -11,6 +11,7 @@ per machine, model and thread count:
 * ``head`` over r rows, the full vocabulary, and ``head_short`` over the K most frequent tokens;
 * ``decide``: the softmax and top-1 a confidence rule computes from the head's logits (per row);
 * ``kv``: one layer's copy-forward K/V projection;
+* ``check_<rule>``: a decision of a rule that reads no head (the exit classifier, saturation), per rows;
 * ``step``: what a decoding step costs besides its layers and heads (embedding, RoPE, bookkeeping), from a
   full-depth run.
 
@@ -31,6 +32,7 @@ import torch
 from ..engine import DecodeConfig, decode
 from ..engine.adapter import adapter
 from ..engine.cache import COMPUTED
+from ..engine.classifier import ExitClassifier
 from ..engine.fill import NaiveMask
 from ..engine.loop import Engine
 from ..engine.rules import FullDepth
@@ -66,7 +68,7 @@ def _median_time(fn, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def _units(lm, ctx: int, shortlist: int, repeats: int) -> list[dict]:
+def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 64) -> list[dict]:
     A = adapter(lm)
     L, D = A.L, A.config.hidden_size
     g = torch.Generator().manual_seed(0)
@@ -99,6 +101,11 @@ def _units(lm, ctx: int, shortlist: int, repeats: int) -> list[dict]:
         lg = A.logits(h)
         rows.append({"unit": "decide", "size": r, "seconds": _median_time(
             lambda lg=lg: torch.softmax(lg.float(), dim=-1).max(dim=-1), repeats)})
+        clf = ExitClassifier(D, L, classifier_hidden).to(A.device, A.dtype).eval()
+        rows.append({"unit": "check_classifier", "size": r, "seconds": _median_time(
+            lambda h=h: torch.sigmoid(clf(A.norm(h), L // 2).float()) >= 0.5, repeats)})
+        rows.append({"unit": "check_saturation", "size": r, "seconds": _median_time(
+            lambda h=h: torch.nn.functional.cosine_similarity(h.float(), h.float().flip(0), dim=-1) >= 0.9, repeats)})
         c, s = A.rope(h[:, None], torch.zeros(r, 1, dtype=torch.long, device=A.device))
         rows.append({"unit": "kv", "size": r, "seconds": _median_time(
             lambda h=h, c=c, s=s: A.qkv(L - 1, h[:, None], c, s, with_q=False), repeats)})
@@ -170,6 +177,10 @@ def predict(calls: dict, units: pd.DataFrame, steps: bool = True, shortlist: int
                 out["output head"] += n * cost
         elif kind == "kv":
             out["copies"] += n * _interp(units, "kv", args[0])
+        elif kind == "check":                               # a rule deciding without the head
+            unit = f"check_{args[0]}"
+            if (units["unit"] == unit).any():
+                out["deciding"] += n * _interp(units, unit, args[1])
         elif kind == "steps" and steps:
             out["overhead"] += n * _interp(units, "step", 1)
     out["total"] = sum(out[p] for p in PARTS)

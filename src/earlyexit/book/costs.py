@@ -1,10 +1,14 @@
-"""What decoding costs in FLOPs: per-step breakdowns of a point table, and the head in decoder layers."""
+"""What decoding costs: in FLOPs (per-step breakdowns of a point table, the head in decoder layers), and in
+time, through the measured cost model (:mod:`earlyexit.book.costmodel`): predicted against measured for
+every timed run, and a run's time split into its parts."""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pandas as pd
 
-from . import metrics
+from . import costmodel, metrics, store
 
 
 def flop_breakdown(lm, df: pd.DataFrame) -> pd.DataFrame:
@@ -28,3 +32,66 @@ def head_in_layers(lm, ctx: int = 64) -> float:
     """How many decoder layers one evaluation of the shared head costs (FLOPs, at context ``ctx``)."""
     return metrics.head_flops(lm.config) / metrics.layer_flops(lm.config, ctx)
 
+
+
+# ----------------------------------------------------------------------------------- time: the cost model at work
+
+
+def _phases(calls) -> dict:
+    """A calls record (JSON text or dict) as {phase: {key: count}}; a bare {key: count} is the decode phase."""
+    c = json.loads(calls) if isinstance(calls, str) else dict(calls)
+    return c if {"prefill", "decode"} & set(c) else {"decode": c}
+
+
+def predicted_seconds(calls, units: pd.DataFrame, phases=("prefill", "decode"), **kw) -> float:
+    """The cost model's time for the recorded ``calls`` (:func:`earlyexit.book.costmodel.predict`), over
+    ``phases``."""
+    c = _phases(calls)
+    return float(sum(costmodel.predict(c.get(ph, {}), units, **kw)["total"] for ph in phases))
+
+
+def validation(lm, units: pd.DataFrame, models=None) -> pd.DataFrame:
+    """Predicted against measured seconds for every timed run of this library version in the result store on
+    ``lm`` (or on each model of ``models``): batch-1 and batched timings (prompt pass taken out, as timed),
+    replayed exits, self-speculation and its full-depth reference (prompt pass included), and the batched
+    sweep points (prompt pass included). One row per timed run: source, method, measured_s, predicted_s,
+    rel_err = predicted / measured − 1."""
+    rows = []
+    for m in (models or [lm]):
+        for params, df in store.entries("timing", model=m):
+            for r in df.itertuples():
+                rows.append({"source": "batch timing" if r.batch > 1 else "batch-1 timing",
+                             "method": f"{params.get('rule')} / {params.get('strategy')}",
+                             "measured_s": r.wall_s - r.prefill_s, "predicted_s": predicted_seconds(r.calls, units,
+                                                                                                  ("decode",))})
+        for params, df in store.entries("timing_replay", model=m):
+            for r in df.itertuples():
+                rows.append({"source": "replayed exits", "method": f"scripted / {params.get('strategy')}",
+                             "measured_s": r.wall_s - r.prefill_s,
+                             "predicted_s": predicted_seconds(r.calls, units, ("decode",))})
+        for params, df in store.entries("spec_point", model=m):
+            for r in df.itertuples():
+                rows.append({"source": "self-speculation", "method": f"self-spec E={r.E} d={r.d}",
+                             "measured_s": r.spec_s, "predicted_s": predicted_seconds(r.spec_calls, units)})
+                rows.append({"source": "self-speculation", "method": "full / naive-mask",
+                             "measured_s": r.full_s, "predicted_s": predicted_seconds(r.full_calls, units)})
+        for params, df in store.entries("point", model=m):
+            if "calls" not in df or df.empty:
+                continue
+            r = df.iloc[0]
+            rows.append({"source": "sweep point (batch)", "method": f"{params.get('rule')} / {params.get('strategy')}",
+                         "measured_s": float(r["wall_s"]), "predicted_s": predicted_seconds(r["calls"], units)})
+    out = pd.DataFrame(rows, columns=["source", "method", "measured_s", "predicted_s"])
+    out["rel_err"] = out["predicted_s"] / out["measured_s"] - 1
+    return out
+
+
+def breakdown(calls, units: pd.DataFrame, per: float = 1.0, phases=("decode",)) -> dict:
+    """The predicted time of ``calls`` split into :data:`earlyexit.book.costmodel.PARTS`, divided by ``per``
+    (e.g. the number of decoding steps, for seconds per token)."""
+    c = _phases(calls)
+    parts = dict.fromkeys((*costmodel.PARTS, "total"), 0.0)
+    for ph in phases:
+        for k, v in costmodel.predict(c.get(ph, {}), units).items():
+            parts[k] += v / per
+    return parts

@@ -26,6 +26,7 @@ metrics compare token ids (not words).
 """
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -134,6 +135,7 @@ def run_point(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, with_ppl: bool = F
     df = frame(lm, es, tr, full)
     df["batch_tok_s"] = float(tr.n_new.sum()) / tr.wall_s
     df["wall_s"] = tr.wall_s
+    df["calls"] = json.dumps(tr.meta["calls"], sort_keys=True, separators=(",", ":"))
     if with_ppl:
         pad_id = lm.config.pad_token_id if lm.config.pad_token_id is not None else 0
         force, target = _forced_refs(es, n_new, pad_id)

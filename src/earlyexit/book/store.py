@@ -263,6 +263,32 @@ def sweep(name: str, points: Iterable[Mapping], fn: Callable[..., Any], *, model
     return pd.concat(frames, ignore_index=True)
 
 
+def entries(name: str, *, model=None, root=None, current_code: bool = True):
+    """Every complete entry of experiment ``name`` for ``model`` (its weights' hash) in the store: yields
+    (parameters, table). With ``current_code`` only entries made by this version of the library (older ones
+    are stale: their keys can no longer be asked for)."""
+    from .provenance import code_version
+
+    _check_name(name)
+    folder = _root(root) / name
+    want_code = code_version() if current_code else None
+    wid = weights_id(model)
+    for meta_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if wid is not None and meta.get("weights_sha256") != wid:
+            continue
+        if want_code is not None and meta.get("code_version") != want_code:
+            continue
+        try:
+            df = _load(meta_path.with_suffix(".csv"), meta_path, meta.get("key"))
+        except CorruptEntry:
+            continue
+        yield meta.get("params", {}), df
+
+
 def clear(name: str | None = None, root=None) -> int:
     """Delete the cached entries of ``name`` (or all); return how many files were removed."""
     base = _root(root)

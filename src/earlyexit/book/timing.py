@@ -13,6 +13,7 @@ import torch
 
 from ..engine import DecodeConfig, decode
 from . import store
+from .costmodel import calls_json
 from .points import point_params, split_ints
 from .prompts import EvalSet
 
@@ -41,7 +42,8 @@ def _decode_rate(lm, ids, n_new: int, cfg: DecodeConfig, repeats: int) -> dict:
     steps = len(ids) * (n_new - 1)
     return {"batch": len(ids), "wall_s": best, "prefill_s": best_pre, "tok_s": steps / max(best - best_pre, 1e-9),
             "layers": float((tr.counts["layers_run"] + tr.counts["recompute_layers"])[s].mean()),
-            "head_checks": float(tr.counts["head_checks"][s].mean())}
+            "head_checks": float(tr.counts["head_checks"][s].mean()),
+            "calls": calls_json(tr.meta["calls"]["decode"])}
 
 
 def time_point(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, batch: int = 1, repeats: int = 2) -> pd.DataFrame:
@@ -74,7 +76,7 @@ def time_replay(lm, es: EvalSet, n_new: int, df: pd.DataFrame, strategy: str, re
             cfg = DecodeConfig.early_exit("scripted", strategy, exits=tuple(scripts[b][:n_new]))
             r = _decode_rate(lm, [es.ids[b]], n_new, cfg, repeats)
             rows.append({"prompt": b, "batch": 1, "wall_s": r["wall_s"], "prefill_s": r["prefill_s"],
-                         "tok_s": r["tok_s"], "layers": r["layers"]})
+                         "tok_s": r["tok_s"], "layers": r["layers"], "calls": r["calls"]})
         return rows
 
     params = {"prompts": es.spec, "n_new": n_new, "strategy": strategy, "repeats": repeats,
@@ -124,7 +126,9 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
                          "tokens_per_round": (n - 1) / max(int(sp.rounds[0]), 1),
                          # per decoding step, like every other method: the prompt pass (which also
                          # predicts token 0) is left out
-                         "layers": float(sp.per_step("layers_run")[0]), "heads": float(sp.per_step("head_checks")[0])})
+                         "layers": float(sp.per_step("layers_run")[0]), "heads": float(sp.per_step("head_checks")[0]),
+                         "full_calls": calls_json(got["full"][1].meta["calls"]),
+                         "spec_calls": calls_json(sp.meta["calls"])})
         return rows
 
     df = store.cached("spec_point", spec_params(es, n_new, exit_layer, draft_len, repeats, peer), compute, model=lm)
