@@ -160,7 +160,8 @@ def error_split(lm, es: EvalSet, n_new: int, *, rule: str, threshold: float, min
 
 
 def calibrate(lm, cal: EvalSet, test: EvalSet, n_new: int, *, rule: str, strategy: str, thresholds,
-              min_layer: int, epsilon: float, delta: float) -> tuple[float | None, pd.DataFrame, pd.DataFrame]:
+              min_layer: int, epsilon: float, delta: float,
+              rule_args: dict | None = None) -> tuple[float | None, pd.DataFrame, pd.DataFrame]:
     """Learn then Test for a confidence threshold λ (Angelopoulos et al. 2021; CALM §4).
 
     Loss of a prompt: 1 − ROUGE-L of the method's output against the full model's, in [0, 1]. On the
@@ -170,13 +171,15 @@ def calibrate(lm, cal: EvalSet, test: EvalSet, n_new: int, *, rule: str, strateg
     risk ≤ ε. Returns (the smallest accepted λ or None, the test details per λ, and the chosen λ's
     result on the held-out test prompts as a one-row summary with intervals)."""
     lams = [1.0] + sorted({float(t) for t in thresholds if t < 1.0}, reverse=True)
-    pts = points.sweep(lm, cal, n_new, points.threshold_configs(rule, lams, [strategy], min_layer=min_layer))
+    extra = dict(rule_args or {})
+    pts = points.sweep(lm, cal, n_new, points.threshold_configs(rule, lams, [strategy], min_layer=min_layer, **extra))
     losses = [1.0 - pts[np.isclose(pts.threshold, lam)].sort_values("prompt")["rouge_full"].to_numpy() for lam in lams]
     best, details = metrics.ltt_fixed_sequence(lams, losses, epsilon, delta, return_details=True)
     details["layers"] = [float(pts[np.isclose(pts.threshold, lam)]["layers"].mean()) for lam in lams]
     result = None
     if best is not None:
-        t = points.point(lm, test, n_new, DecodeConfig.early_exit(rule, strategy, min_layer=min_layer, threshold=best))
+        t = points.point(lm, test, n_new, DecodeConfig.early_exit(rule, strategy, min_layer=min_layer, threshold=best,
+                                                                   **extra))
         t["consistency"] = t["rouge_full"]
         t["risk"] = 1.0 - t["rouge_full"]
         full_speed = float(points.point(lm, test, n_new, DecodeConfig.full())["batch_tok_s"].iloc[0])

@@ -95,3 +95,40 @@ def breakdown(calls, units: pd.DataFrame, per: float = 1.0, phases=("decode",)) 
         for k, v in costmodel.predict(c.get(ph, {}), units).items():
             parts[k] += v / per
     return parts
+
+
+def replay_calls(lm, es, n_new: int, df: pd.DataFrame, strategy: str) -> pd.DataFrame:
+    """What each prompt of ``es`` would run (counted, not timed) at batch 1 if it replayed the exit layers that
+    the point table ``df`` recorded for it (rule "scripted": the decisions free) with ``strategy``. Rows
+    (prompt, steps, calls). Cached. With the exits of oracle runs this is the bound of :func:`bounds`."""
+    from ..engine import DecodeConfig, decode
+    from .points import split_ints
+
+    L = lm.num_layers
+    scripts = {int(r["prompt"]): [L] + split_ints(r["exits"])[1:] for _, r in df.iterrows()}
+
+    def compute():
+        rows = []
+        for b in range(len(es)):
+            cfg = DecodeConfig.early_exit("scripted", strategy, exits=tuple(scripts[b][:n_new]))
+            r = decode(lm, [es.ids[b]], cfg, n_new, stop_at_eos=False)
+            rows.append({"prompt": b, "steps": n_new - 1, "calls": costmodel.calls_json(r.meta["calls"]["decode"])})
+        return rows
+
+    params = {"prompts": es.spec, "n_new": n_new, "strategy": strategy,
+              "scripts": {str(b): scripts[b][:n_new] for b in range(len(es))}}
+    return store.cached("replay_calls", params, compute, model=lm)
+
+
+def seconds_per_token(rows: pd.DataFrame, units: pd.DataFrame, col: str = "calls", free_decisions: bool = False,
+                      shortlist: int | None = None) -> float:
+    """Mean predicted seconds per decoding step over ``rows`` (each with a calls column and its steps, or the
+    timing tables' ``tok_s`` rows: one prompt each, ``max_new_tokens − 1`` steps), without the deciding part
+    when ``free_decisions``."""
+    tot, steps = 0.0, 0
+    for r in rows.itertuples():
+        c = json.loads(getattr(r, col))
+        parts = costmodel.predict(c.get("decode", c), units, shortlist=shortlist)
+        tot += parts["total"] - (parts["deciding"] if free_decisions else 0.0)
+        steps += int(getattr(r, "steps", 0) or c.get("decode", c).get("steps", 0))
+    return tot / max(steps, 1)

@@ -360,3 +360,14 @@ def oracle_error_split(total_loss, loss_exit_with_true_cache, loss_true_tokens_w
     inter = tot - base - exit_part - cache_part
     out = dict(total=tot, baseline=base, exit_decision=exit_part, cache=cache_part, interaction=inter)
     return {k: (float(v) if np.ndim(v) == 0 else v) for k, v in out.items()}
+
+
+def auc(scores, labels) -> float:
+    """Area under the ROC curve: the chance that a random positive scores above a random negative (ties
+    count half), by the Mann–Whitney rank sum. NaN when one class is missing."""
+    s, y = _np(scores, np.float64).reshape(-1), _np(labels, np.float64).reshape(-1)
+    pos, neg = int((y > 0.5).sum()), int((y <= 0.5).sum())
+    if pos == 0 or neg == 0:
+        return float("nan")
+    ranks = pd.Series(s).rank(method="average").to_numpy()
+    return float((ranks[y > 0.5].sum() - pos * (pos + 1) / 2) / (pos * neg))
