@@ -132,23 +132,6 @@ def test_the_other_worker_completes_the_points_of_a_killed_one(tmp_path, referen
     assert (tmp_path / "r0.csv").read_bytes() == reference
 
 
-POINTS = textwrap.dedent("""
-    import sys
-    import torch
-    torch.set_num_threads(1)
-    from earlyexit.engine.models import load_model
-    from earlyexit.book import points, prompts
-
-    def run(out):
-        lm = load_model("tiny-llama", device="cpu")
-        es = prompts.eval_set(lm, "mix", 4, 0, 48)
-        cfgs = points.threshold_configs("softmax", [0.3, 0.6, 0.9], ["naive-mask", "copy-forward"], min_layer=3)
-        df = points.sweep(lm, es, 6, cfgs, progress=False)
-        df.drop(columns=["batch_tok_s", "wall_s"]).to_csv(out, index=False)
-
-    if __name__ == "__main__":
-        run(sys.argv[1])
-""")
 TIMING_COLUMNS = ("batch_tok_s", "wall_s")
 
 
@@ -166,28 +149,6 @@ def _data_dir(tmp: Path) -> Path:
     d.mkdir(parents=True)
     (d / "models").symlink_to(paths.MODELS)  # the embedded tokenizer, which the tiny models use
     return d
-
-
-def test_points_sweep_on_two_workers_equals_one_process(tmp_path, monkeypatch):
-    """points.sweep on tiny-llama (6 configurations, 4 prompts): 2 worker processes and this process alone store
-    the same entries with the same bytes (wall-clock columns aside), and every worker returns the whole table."""
-    script = tmp_path / "points.py"
-    script.write_text(POINTS)
-    data = _data_dir(tmp_path / "two")
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / f"two{r}.csv")],
-                              env={**ENV, "EARLYEXIT_DATA": str(data), "EARLYEXIT_RANK": str(r), "EARLYEXIT_WORLD": "2"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    monkeypatch.setattr(paths, "CACHE", tmp_path / "one" / "cache")  # meanwhile, one process: this one
-    here = {"__name__": "in_process"}
-    exec(compile(POINTS, "points.py", "exec"), here)
-    here["run"](tmp_path / "one.csv")
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-    one, two = _entries(tmp_path / "one" / "cache"), _entries(data / "cache")
-    assert len(one) == 7 and two == one  # 6 points + the full-depth reference
-    tables = {f.name: f.read_bytes() for f in tmp_path.glob("*.csv")}
-    assert tables["two0.csv"] == tables["two1.csv"] == tables["one.csv"]
 
 
 # ------------------------------------------------------------------------------------- the command
