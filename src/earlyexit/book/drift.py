@@ -9,7 +9,7 @@ import torch
 from ..engine.cache import COMPUTED, COPIED, HOLE, RECOMPUTED
 from ..engine import DecodeConfig, Result, decode
 from ..engine.adapter import unwrap
-from . import metrics, store
+from . import metrics, store, workers
 from .points import point_params
 from .prompts import EvalSet
 
@@ -96,7 +96,7 @@ def drift_point(lm, es: EvalSet, n_new: int, configs) -> pd.DataFrame:
 
         return store.cached("drift", point_params(es, n_new, cfg), compute, model=lm)
 
-    return pd.concat([one(c) for c in configs], ignore_index=True)
+    return pd.concat(workers.each(configs, one), ignore_index=True)  # sharded in a distributed sweep
 
 
 def lazy_audit(lm, ids: list[int], n_new: int, rule: str, **rule_kw) -> dict:

@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from ..engine import DecodeConfig, Result, decode
-from . import metrics, store
+from . import metrics, store, workers
 from .prompts import EvalSet
 
 IGNORE = -100
@@ -176,16 +176,25 @@ def sweep(lm, es: EvalSet, n_new: int, configs, ppl_for=(), progress: bool = Tru
     """:func:`point` for each DecodeConfig of ``configs``, concatenated.
 
     ``ppl_for``: the configs (or their labels) whose reference perplexity is measured as well (a second,
-    teacher-forced pass), or True for all of them.
+    teacher-forced pass), or True for all of them. In a worker of a distributed sweep the worker's share
+    of the configs is computed first (:func:`earlyexit.book.workers.each`).
     """
     from ..progress import bar
 
     wanted = set(ppl_for or ()) if ppl_for is not True else set()
-    frames = []
     configs = list(configs)
-    for cfg in bar(configs, show=progress, desc="points", leave=False):
+    pbar = bar(total=len(configs), show=progress, desc="points", leave=False)
+
+    def one(cfg):
         ppl = ppl_for is True or cfg in wanted or cfg.label in wanted
-        frames.append(point(lm, es, n_new, cfg, with_ppl=ppl))
+        df = point(lm, es, n_new, cfg, with_ppl=ppl)
+        pbar.update(1)
+        return df
+
+    try:
+        frames = workers.each(configs, one)
+    finally:
+        pbar.close()
     return pd.concat(frames, ignore_index=True)
 
 

@@ -14,6 +14,13 @@ last: an entry without its JSON, or whose CSV does not match the checksum, is no
 computed again. So a sweep killed at any moment resumes where it stopped, and a corrupted entry
 is detected instead of read.
 
+Several processes may share one store (the workers of ``python -m earlyexit sweep``, or two notebooks
+run at once). Entries appear whole (the renames above) and are checked when read, so no process ever
+takes a half-written one as complete; and a missing entry is computed under a *claim*, a lock file
+``<key>.claim`` beside it (:mod:`earlyexit.book.claims`): of several processes that need it at once, one
+computes it and the others wait and read it. The claim of a killed process is taken over, so a
+killed worker loses only the point it was computing.
+
 A point that runs out of memory (``torch.OutOfMemoryError``, CUDA's included, or ``MemoryError``)
 stops the sweep with a :class:`ResourceError` that names the point and what to lower; the points
 finished before it stay cached, and nothing of the failed one is written.
@@ -29,16 +36,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from ..files import atomic_write_bytes, canonical
+from . import claims, workers
 
 FORMAT = 1
-
-
-
-
-
-
-
-
 
 
 def weights_id(model) -> str | None:
@@ -164,6 +164,25 @@ def _load(csv_path: Path, meta_path: Path, key: str):
         raise CorruptEntry(f"table does not parse ({e.__class__.__name__}: {e})") from None
 
 
+def _paths(name: str, params: Mapping, model, root) -> tuple[str, Path, Path]:
+    _check_name(name)
+    key = entry_key(name, params, model)
+    folder = _root(root) / name
+    return key, folder / f"{key}.csv", folder / f"{key}.json"
+
+
+def read(name: str, params: Mapping, *, model=None, root=None):
+    """The complete entry for (``name``, ``params``, ``model``), or None if it is missing or incomplete
+    (never computes, never deletes; a damaged entry reads as None)."""
+    key, csv_path, meta_path = _paths(name, params, model, root)
+    if not meta_path.exists():
+        return None
+    try:
+        return _load(csv_path, meta_path, key)
+    except CorruptEntry:
+        return None
+
+
 def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=None, root=None,
            refresh: bool = False, lower_hint: str | None = None):
     """Return the table for (``name``, ``params``, ``model``), computing it with ``compute_fn()`` once.
@@ -173,19 +192,43 @@ def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=N
     ``refresh=True`` recomputes and overwrites. If ``compute_fn`` runs out of memory, a
     :class:`ResourceError` names the point and suggests lowering ``lower_hint`` (default: the
     prompt count, generation length or batch size); the original error is its ``__cause__``.
+
+    Concurrent processes (see :mod:`earlyexit.book.claims`): a missing entry is computed under a claim
+    file ``<key>.claim`` beside it, so that of several processes asking for it at once one computes it
+    and the others wait and read it; the claim of a killed process is taken over.
     """
-    _check_name(name)
-    key = entry_key(name, params, model)
-    folder = _root(root) / name
-    csv_path, meta_path = folder / f"{key}.csv", folder / f"{key}.json"
-    if not refresh and meta_path.exists():
-        try:
-            return _load(csv_path, meta_path, key)
-        except CorruptEntry as e:
-            warnings.warn(f"cache entry {name}/{key} is corrupted ({e}); computing it again",
-                          RuntimeWarning, stacklevel=2)
-            for p in (meta_path, csv_path):
-                p.unlink(missing_ok=True)
+    key, csv_path, meta_path = _paths(name, params, model, root)
+    lock = csv_path.with_suffix(".claim")
+    seen_damage = False
+    while True:
+        if not refresh and meta_path.exists():
+            try:
+                return _load(csv_path, meta_path, key)
+            except CorruptEntry:
+                seen_damage = True  # look again under the claim: it may be a write in progress
+        # wait for a finished entry unless the one there is damaged (then for the claim, to repair it)
+        until = None if refresh or seen_damage else meta_path.exists
+        held = claims.acquire(lock, f"{name}/{key}", until, on_wait=_say)
+        if held is None:
+            continue  # it appeared while we waited: read it
+        with held:
+            if not refresh and meta_path.exists():
+                try:
+                    return _load(csv_path, meta_path, key)
+                except CorruptEntry as e:
+                    warnings.warn(f"cache entry {name}/{key} is corrupted ({e}); computing it again",
+                                  RuntimeWarning, stacklevel=2)
+                    for p in (meta_path, csv_path):
+                        p.unlink(missing_ok=True)
+            return _compute_and_write(name, params, compute_fn, model, key, csv_path, meta_path, lower_hint)
+
+
+def _say(message: str) -> None:
+    if progress_enabled():
+        print(message, file=sys.stderr, flush=True)
+
+
+def _compute_and_write(name, params, compute_fn, model, key, csv_path: Path, meta_path: Path, lower_hint):
     try:
         result = compute_fn()
     except _oom_types() as e:
@@ -203,7 +246,7 @@ def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=N
     out = _decode(csv, meta["columns"], dtypes)
     if not _frames_equal(out, df):
         warnings.warn(f"{name}: the table does not survive a CSV round trip exactly (mixed-type or "
-                      f"non-scalar columns?); the cached reading is returned", RuntimeWarning, stacklevel=2)
+                      f"non-scalar columns?); the cached reading is returned", RuntimeWarning, stacklevel=3)
     return out
 
 
@@ -237,27 +280,33 @@ def sweep(name: str, points: Iterable[Mapping], fn: Callable[..., Any], *, model
     already has them). Points already in the cache are read, not recomputed, so a killed sweep
     resumes where it stopped. Progress goes to stderr (``EARLYEXIT_PROGRESS=0`` silences it).
     A point that runs out of memory stops the sweep with a :class:`ResourceError` naming it and
-    what to lower (``lower_hint``); the points before it stay cached.
+    what to lower (``lower_hint``); the points before it stay cached. In a worker of a distributed
+    sweep the worker's share of the points comes first (:func:`earlyexit.book.workers.each`).
     """
     import pandas as pd
     from tqdm import tqdm
 
     points = [dict(p) for p in points]
-    frames = []
-    bar = tqdm(points, desc=desc or name, unit="pt", file=sys.stderr, disable=not progress_enabled(),
-               dynamic_ncols=True)
+    rank, world = workers.rank_world()
+    bar = tqdm(total=len(points) + (len(workers.my_share(points)) if world > 1 else 0), desc=desc or name,
+               unit="pt", file=sys.stderr,
+               disable=not progress_enabled(), dynamic_ncols=True)
+
+    def one(point):
+        df = cached(name, point, lambda: fn(**point), model=model, root=root, lower_hint=lower_hint)
+        bar.update(1)
+        return df
+
     try:
-        for point in bar:
-            df = cached(name, point, lambda point=point: fn(**point), model=model, root=root,
-                        lower_hint=lower_hint)
-            if add_params:
-                scalars = {k: v for k, v in point.items()
-                           if isinstance(v, (bool, int, float, str)) and k not in df.columns}
-                for i, (k, v) in enumerate(scalars.items()):
-                    df.insert(i, k, v)
-            frames.append(df)
+        frames = workers.each(points, one)
     finally:
         bar.close()  # a failing point leaves no dangling progress bar above its message
+    for point, df in zip(points, frames):
+        if add_params:
+            scalars = {k: v for k, v in point.items()
+                       if isinstance(v, (bool, int, float, str)) and k not in df.columns}
+            for i, (k, v) in enumerate(scalars.items()):
+                df.insert(i, k, v)
     if not frames:
         return pd.DataFrame()
     return pd.concat(frames, ignore_index=True)
