@@ -61,6 +61,8 @@ class Engine:
         entries); by default all of them, or none when ``state`` is RECOMPUTED. Tallied as ``layer:k`` or
         ``layer:k:r`` with r the recomputed ones."""
         A = self.A
+        if isinstance(rows, torch.Tensor) and rows.numel() == self.B:
+            rows = slice(None)      # every row (rows are distinct): views instead of gathers, same values
         k_all = h.shape[0] * h.shape[1]
         r = k_all - (own if own is not None else (0 if state is RECOMPUTED else k_all))
         self.tally(f"layer:{k_all}:{r}" if r else f"layer:{k_all}")
