@@ -63,6 +63,10 @@ def test_executes_with_profile_parameters_then_skips_until_rerun(book, capsys):
     assert meta["profile"] == "t" and meta["parameters"]["x"] == 5 and len(meta["run_hash"]) == 64
     injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert injected and "hide-cell" in injected[0].metadata["tags"]
+    # both parameter cells are folded behind a one-line summary, so the page opens with its claim
+    assert injected[0].metadata["mystnb"]["code_prompt_show"].startswith("Parameters of this build: profile t, model tiny-llama")
+    defaults = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert "hide-cell" in defaults[0].metadata["tags"] and "{" not in defaults[0].metadata["mystnb"]["code_prompt_show"]
 
     capsys.readouterr()
     mtime = out_path.stat().st_mtime_ns

@@ -77,12 +77,30 @@ def recorded(name: str) -> dict:
         return {}
 
 
-def _tag_for_book(nb) -> None:
-    """Fold papermill's injected-parameters cell in the HTML (the values stay one click away)."""
+def _fold(cell, prompt: str) -> None:
+    tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+    if "hide-cell" not in tags and "remove-cell" not in tags:
+        tags.append("hide-cell")
+    # myst-nb formats the prompt with {type}: keep braces out of it
+    cell["metadata"].setdefault("mystnb", {})["code_prompt_show"] = prompt.replace("{", "(").replace("}", ")")
+
+
+def _tag_for_book(nb, parameters: dict | None = None) -> None:
+    """Fold the parameter cells and the set-up in the HTML, each behind a one-line summary, so that a chapter
+    opens with its claim (the values stay one click away)."""
+    parameters = dict(parameters or {})
+    shown = ", ".join(f"{k} {parameters[k]}" for k in ("model", "device") if k in parameters)
     for cell in nb.cells:
-        tags = cell.setdefault("metadata", {}).setdefault("tags", [])
-        if "injected-parameters" in tags and "hide-cell" not in tags:
-            tags.append("hide-cell")
+        if cell.get("cell_type") != "code":
+            continue
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "injected-parameters" in tags:
+            _fold(cell, f"Parameters of this build: profile {parameters.get('profile', '?')}, {shown} "
+                        f"({len(parameters)} values)")
+        elif "parameters" in tags:
+            _fold(cell, "Parameters and their defaults")
+        elif "chapter.setup(" in cell.get("source", ""):
+            _fold(cell, "Set-up")
 
 
 def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progress: bool = True,
@@ -123,7 +141,7 @@ def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progre
         else:
             os.environ["EARLYEXIT_PROGRESS"] = env_before
     nb = nbformat.read(tmp, as_version=4)
-    _tag_for_book(nb)
+    _tag_for_book(nb, parameters)
     nb.metadata["earlyexit"] = {**(meta or {}), "duration_s": round(time.perf_counter() - t0, 1),
                                 "executed_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     add_rerun_box(nb, name)

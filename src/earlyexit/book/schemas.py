@@ -203,3 +203,38 @@ COMPARISON = register(
         delta=Param(float, 0.1, "failure probability of the guarantee", range=(1e-6, 0.999999)),
     ),
 )
+
+WHERE_TIME_GOES = register(
+    "09_where_time_goes",
+    doc="Where the time goes: a measured cost model, exit decisions without the head, and where early exit pays.",
+    **_exit_chapter(
+        models=Param(list, ["released", "trained"], "models measured", item=str, choices=("released", "trained")),
+        saturation_threshold=Param(float, 0.9, "threshold of the saturation rule (cosine of consecutive states)",
+                                   range=(1e-6, 1.0)),
+        timing_prompts=Param(int, 3, "prompts timed one at a time per method", range=(1, 10_000)),
+        timing_repeats=Param(int, 2, "timed runs per configuration (the fastest counts)", range=(1, 100)),
+        unit_ctx=Param(int, 96, "keys in the cache when the unit costs are timed", range=(1, 8192)),
+        unit_repeats=Param(int, 5, "timed repeats of each unit cost (the median counts)", range=(1, 1000)),
+        shortlist=Param(int, 8192, "rows of the shortlist draft head priced by the cost model", range=(1, 10_000_000)),
+        clf_prompts=Param(int, 64, "training prompts of the exit classifier (training split)", range=(1, 100_000)),
+        clf_tokens=Param(int, 32, "tokens the full model generates per training prompt (labelled positions)",
+                         range=(1, 8192)),
+        clf_hidden=Param(int, 64, "hidden units of the exit classifier (0: linear)", range=(0, 4096)),
+        clf_epochs=Param(int, 30, "training epochs of the exit classifier", range=(1, 10_000)),
+        clf_thresholds=Param(list, [0.5, 0.8, 0.95], "classifier thresholds swept", item=float, range=(1e-6, 1.0)),
+        clf_operating=Param(float, 0.8, "the classifier threshold where one point stands for it", range=(1e-6, 1.0)),
+        spec_exit=Param(int, 25, "self-speculation's draft depth E (the embedded model's; scaled for others)",
+                        range=(1, 1024)),
+        spec_draft=Param(int, 2, "self-speculation's draft length d", range=(1, 64)),
+        ltt_prompts=Param(int, 48, "prompts for calibrating the classifier's threshold and testing it (halves)",
+                          range=(4, 100_000)),
+        ltt_thresholds=Param(list, [0.99, 0.95, 0.9, 0.8, 0.7, 0.5], "classifier thresholds tested after 1.0, "
+                             "downwards", item=float, range=(1e-6, 1.0)),
+        epsilon=Param(float, 0.1, "risk tolerance: mean 1 - ROUGE-L vs the full model allowed", range=(1e-6, 0.999999)),
+        delta=Param(float, 0.1, "failure probability of the guarantee", range=(1e-6, 0.999999)),
+        batch_sizes=Param(list, [1, 8], "batch sizes of the closing comparison", item=int, range=(1, 4096)),
+        consistency_floor=Param(float, 0.9, "consistency a method must keep for its speed to count", range=(0.0, 1.0)),
+        speed_goal=Param(float, 1.2, "speed-up over full depth the issue sets as a target", range=(0.0, 100.0)),
+        error_goal=Param(float, 0.15, "median relative error the cost model must stay under", range=(0.0, 10.0)),
+    ),
+)
