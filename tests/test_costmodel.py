@@ -73,3 +73,15 @@ def test_copy_forward_and_a_confidence_rule_are_counted(lm):
 def test_breakdown_per_token(lm):
     b = costs.breakdown({"decode": {"layer:1": 12, "steps": 2, "head:out:1": 2}}, units_by_hand(), per=2)
     assert b["own layers"] == pytest.approx(12 * 2 / 1e3 / 2) and b["total"] == pytest.approx((24 + 6 + 20) / 1e3 / 2)
+
+
+@pytest.mark.parametrize("strategy", ["naive-mask", "copy-forward", "lazy-recompute", "eager-recompute"])
+def test_simulated_calls_match_what_the_engine_counts(lm, strategy):
+    """costs.simulate_calls replays the engine's batching from exit layers alone (the bounds use it)."""
+    script = (6, 2, 3, 6, 1, 6, 4, 4, 2, 6)
+    for prompts in ([[5, 6, 7, 8, 9]], [[5, 6, 7, 8, 9], [11, 12, 13]]):
+        r = decode(lm, prompts, DecodeConfig.early_exit("scripted", strategy, exits=script), len(script) + 1,
+                   stop_at_eos=False)
+        got = {k: v for k, v in r.meta["calls"]["decode"].items() if not k.startswith("check:")}
+        exits = [r.exit_layer[b, 1:].tolist() for b in range(len(prompts))]
+        assert costs.simulate_calls(exits, lm.num_layers, strategy) == got

@@ -26,7 +26,9 @@ from . import metrics, points, prompts, timing
 from .prompts import EvalSet
 
 FILL = ("naive-mask", "naive-undefined", "copy-forward", "lazy-recompute", "eager-recompute")
-METHODS = (*FILL, "SkipDecode", "self-speculation", "static exit", "oracle exits")
+CLASSIFIER_CACHES = ("naive-mask", "copy-forward", "lazy-recompute")
+CLASSIFIED = tuple(f"classifier / {s}" for s in CLASSIFIER_CACHES)
+METHODS = (*FILL, *CLASSIFIED, "SkipDecode", "self-speculation", "static exit", "oracle exits")
 # bounds and baselines are drawn differently from methods
 BOUNDS = ("static exit", "oracle exits")
 
@@ -47,15 +49,20 @@ def method_configs(L: int, n_new: int, *, rule: str, thresholds, min_layer: int,
 
 def method_points(lm, es: EvalSet, n_new: int, *, rule: str, thresholds, min_layer: int, static_layers,
                   e_mins, spec=(), spec_set: EvalSet | None = None, strategies=FILL, skip_warmup: int = 1,
-                  spec_repeats: int = 1) -> pd.DataFrame:
-    """Every method's points on ``lm`` (see the module docstring); one row per prompt and point."""
+                  spec_repeats: int = 1, classifier: str | None = None, classifier_thresholds=()) -> pd.DataFrame:
+    """Every method's points on ``lm`` (see the module docstring); one row per prompt and point. With
+    ``classifier`` (a trained exit classifier's folder) also the classifier rule at ``classifier_thresholds``
+    with the caches of :data:`CLASSIFIER_CACHES` (methods "classifier / <cache>")."""
     full = points.point(lm, es, n_new, DecodeConfig.full())
     full_speed = float(full["batch_tok_s"].iloc[0])
     cfgs = method_configs(lm.num_layers, n_new, rule=rule, thresholds=thresholds, min_layer=min_layer,
                           static_layers=static_layers, e_mins=e_mins, strategies=strategies, skip_warmup=skip_warmup)
+    if classifier:
+        cfgs += points.threshold_configs("classifier", classifier_thresholds, CLASSIFIER_CACHES, min_layer=min_layer,
+                                         classifier=classifier)
     df = points.sweep(lm, es, n_new, cfgs)
-    df["method"] = np.select([df.rule == "static", df.rule == "skipdecode", df.rule == "oracle"],
-                             ["static exit", "SkipDecode", "oracle exits"], df.strategy)
+    df["method"] = np.select([df.rule == "static", df.rule == "skipdecode", df.rule == "oracle", df.rule == "classifier"],
+                             ["static exit", "SkipDecode", "oracle exits", "classifier / " + df.strategy], df.strategy)
     df["consistency"] = df["rouge_full"]
     df["speed"] = df["batch_tok_s"] / full_speed
     frames = [df]
@@ -71,7 +78,8 @@ def method_points(lm, es: EvalSet, n_new: int, *, rule: str, thresholds, min_lay
     return pd.concat(frames, ignore_index=True)
 
 
-def model_points(models: dict, released_layers: int, es: EvalSet, n_new: int, p, spec_set: EvalSet) -> pd.DataFrame:
+def model_points(models: dict, released_layers: int, es: EvalSet, n_new: int, p, spec_set: EvalSet,
+                 classifiers: dict | None = None, classifier_thresholds=()) -> pd.DataFrame:
     """:func:`method_points` for each model of ``models`` (key -> LoadedModel) with chapter 8's parameters
     ``p``: the released model's thresholds, the trained model's, or the from-scratch models'; layer choices
     made for the released model's depth mapped to each model's (:func:`scale_layers`). Adds ``model``, ``L``."""
@@ -84,7 +92,8 @@ def model_points(models: dict, released_layers: int, es: EvalSet, n_new: int, p,
                             min_layer=points.default_min_layer(p["min_layer"], L),
                             static_layers=scale_layers(p["static_layers"], released_layers, L),
                             e_mins=scale_layers(p["e_mins"], released_layers, L, 2), spec=spec, spec_set=spec_set,
-                            spec_repeats=p["timing_repeats"])
+                            spec_repeats=p["timing_repeats"], classifier=(classifiers or {}).get(key),
+                            classifier_thresholds=classifier_thresholds)
         frames.append(pts.assign(model=key, L=L))
     return pd.concat(frames, ignore_index=True)
 
@@ -128,7 +137,7 @@ def pareto_front(summ: pd.DataFrame, x: str = "layers", y: str = "consistency", 
 
 def error_split(lm, es: EvalSet, n_new: int, *, rule: str, threshold: float, min_layer: int,
                 strategies=("naive-mask", "naive-undefined", "copy-forward", "lazy-recompute", "eager-recompute"),
-                seed: int = 0, n_boot: int = 2000, with_ppl: bool = False) -> pd.DataFrame:
+                seed: int = 0, n_boot: int = 2000, with_ppl: bool = False, rule_args: dict | None = None) -> pd.DataFrame:
     """CALM's oracle decomposition of each method's consistency loss (1 − ROUGE-L against the full model) at
     one threshold, per prompt and summarized:
 
@@ -140,13 +149,14 @@ def error_split(lm, es: EvalSet, n_new: int, *, rule: str, threshold: float, min
     Returns long rows: strategy, part, mean, lo, hi (the parts add up to the total for every prompt).
     ``with_ppl`` reads the rule's points with their reference perplexity (the same entries a chapter that
     reports perplexity computed)."""
-    conf = points.sweep(lm, es, n_new, points.threshold_configs(rule, [threshold], strategies, min_layer=min_layer),
-                        ppl_for=with_ppl)
+    extra = dict(rule_args or {})
+    conf = points.sweep(lm, es, n_new, points.threshold_configs(rule, [threshold], strategies, min_layer=min_layer,
+                                                                **extra), ppl_for=with_ppl)
     orc = points.sweep(lm, es, n_new, [DecodeConfig.early_exit("oracle", s) for s in strategies])
     exit_only = conf[conf.strategy == "lazy-recompute"].set_index("prompt")["rouge_full"] if \
         "lazy-recompute" in strategies else points.point(
-            lm, es, n_new, DecodeConfig.early_exit(rule, "lazy-recompute", min_layer=min_layer,
-                                                   threshold=float(threshold))).set_index("prompt")["rouge_full"]
+            lm, es, n_new, DecodeConfig.early_exit(rule, "lazy-recompute", min_layer=min_layer, threshold=float(threshold),
+                                                   **extra)).set_index("prompt")["rouge_full"]
     rows = []
     for s in strategies:
         total = conf[conf.strategy == s].set_index("prompt")["rouge_full"]
@@ -217,6 +227,28 @@ def table(best: pd.DataFrame) -> pd.DataFrame:
         "reaches target": np.where(best["meets"], "yes", "no"),
     })
     return out.reset_index(drop=True)
+
+
+def wide_table(best: pd.DataFrame, names: dict, layers: dict, never: float = 0.5) -> pd.DataFrame:
+    """The summary table shaped for reading: one row per method, for each model (display ``names``) the operating
+    point, its consistency and its speed relative to full depth, with ✓ where the point reaches the target.
+    A point whose rule never exits (``layers`` per token within ``never`` of the model's depth ``layers[model]``)
+    is marked "(never exits)": its consistency is the full model's by construction."""
+    cols = {}
+    for key in dict.fromkeys(best["model"]):
+        b = best[best.model == key].set_index("method")
+        L = layers[key]
+        trivial = b["layers"] >= L - never
+        point = np.where(trivial, b["label"] + " (never exits)", b["label"])
+        cols[(names.get(key, key), "operating point")] = pd.Series(point, index=b.index)
+        cols[(names.get(key, key), "consistency")] = pd.Series(
+            [f"{r.consistency:.2f}" + (" ✓" if r.meets else "") for r in b.itertuples()], index=b.index)
+        cols[(names.get(key, key), "speed vs full")] = b["speed"].map(lambda v: f"{v:.2f}")
+    out = pd.DataFrame(cols)
+    order = [m for m in METHODS if m in out.index] + [m for m in out.index if m not in METHODS]
+    out = out.loc[order].fillna("")
+    out.index.name = "method"
+    return out.reset_index()
 
 
 def headline(profile: str, model: str | None = None, device: str | None = None) -> pd.DataFrame:

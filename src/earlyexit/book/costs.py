@@ -132,3 +132,76 @@ def seconds_per_token(rows: pd.DataFrame, units: pd.DataFrame, col: str = "calls
         tot += parts["total"] - (parts["deciding"] if free_decisions else 0.0)
         steps += int(getattr(r, "steps", 0) or c.get("decode", c).get("steps", 0))
     return tot / max(steps, 1)
+
+
+def simulate_calls(exits, L: int, strategy: str, prompt_len: int = 1, batch_steps: bool = True) -> dict:
+    """The calls a decode would make (decode phase) if its rows exited at ``exits`` (a list per row of the exit
+    layer of each decoding step, 1..L, L = full depth) with every decision free: the engine's batching replayed
+    without running the model. Rows still running share one layer call; under lazy recompute a row whose
+    pending tokens are due at a layer runs that layer in a call of its own with them (as the engine does);
+    eager recompute runs the skipped layers of an exiting row right away; copy-forward projects their K/V.
+    ``batch_steps``: the rows step together (one batched decode) rather than one prompt after another.
+
+    With the exits of oracle runs this is the bound "oracle exits, free decisions"; with a rule's own exits,
+    "free decisions". Matches the engine's own count (tested)."""
+    from collections import Counter
+
+    calls = Counter()
+    rows = list(range(len(exits)))
+    pending = {r: {} for r in rows}                  # col -> level (layers already run)
+    T = max((len(e) for e in exits), default=0)
+    groups = [rows] if batch_steps else [[r] for r in rows]
+    for group in groups:
+        for t in range(T):
+            live = [r for r in group if t < len(exits[r])]
+            if not live:
+                continue
+            calls["steps"] += 1
+            ex = {r: int(exits[r][t]) for r in live}
+            for l in range(L):
+                running = [r for r in live if ex[r] > l]
+                if not running:
+                    break
+                plain = []
+                for r in running:
+                    due = [c for c, lev in pending[r].items() if lev == l] if strategy == "lazy-recompute" else []
+                    if due:
+                        calls[f"layer:{len(due) + 1}:{len(due)}"] += 1
+                        for c in due:
+                            pending[r][c] = l + 1
+                            if l + 1 >= L:
+                                del pending[r][c]
+                    else:
+                        plain.append(r)
+                if plain:
+                    calls[f"layer:{len(plain)}"] += 1
+            groups_out = Counter(ex[r] for r in live)        # rows exiting after the same layer act together
+            for e, n in groups_out.items():
+                calls[f"head:out:{n}"] += 1
+                if e < L and strategy == "eager-recompute":
+                    calls[f"layer:{n}:{n}"] += L - e
+                elif e < L and strategy == "copy-forward":
+                    calls[f"kv:{n}"] += L - e
+            for r in live:
+                if ex[r] < L and strategy == "lazy-recompute":
+                    pending[r][t] = ex[r]
+    return dict(calls)
+
+
+def point_bounds(point: pd.DataFrame, oracle: pd.DataFrame, full: pd.DataFrame, units: pd.DataFrame, L: int,
+                 strategy: str) -> dict:
+    """Cost-model speeds (relative to full depth, decoding steps only, in the batch the point ran in) of a point
+    table as measured-by-model, with free decisions (its own exits, deciding costing nothing) and with oracle
+    exits (``oracle``: the oracle point of the same cache on the same prompts), from their recorded and
+    simulated calls."""
+    from .points import split_ints
+
+    def dec(df):
+        return _phases(df["calls"].iloc[0]).get("decode", {})
+
+    t_full = costmodel.predict(dec(full), units)["total"]
+    own = costmodel.predict(dec(point), units)
+    exits = [split_ints(e)[1:] for e in oracle.sort_values("prompt")["exits"]]
+    sim = costmodel.predict(simulate_calls(exits, L, strategy), units)
+    return {"predicted": t_full / own["total"], "free decisions": t_full / (own["total"] - own["deciding"]),
+            "oracle exits": t_full / sim["total"]}

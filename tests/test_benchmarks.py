@@ -1,0 +1,24 @@
+"""The benchmarks run (on tiny models, minimal sizes): a benchmark that no longer starts is caught here, not
+when someone needs its numbers."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args):
+    res = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
+def test_engine_benchmark_prints_the_ratio_and_the_bandwidth_ceiling():
+    out = run("benchmarks/bench_engine.py", "--model", "tiny-llama", "--prompts", "1", "--tokens", "4", "--reps", "1")
+    assert "ratio engine/HF" in out and "of the ceiling" in out
+
+
+def test_early_exit_benchmark_prints_ratios_and_the_goal():
+    out = run("benchmarks/bench_early_exit.py", "--profile", "smoke", "--prompts", "1", "--tokens", "4", "--reps", "1",
+              "--thresholds", "0.5")
+    assert "classifier 0.5 / lazy-recompute" in out and "goal:" in out
