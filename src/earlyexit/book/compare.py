@@ -230,20 +230,18 @@ def table(best: pd.DataFrame) -> pd.DataFrame:
 
 
 def wide_table(best: pd.DataFrame, names: dict, layers: dict, never: float = 0.5) -> pd.DataFrame:
-    """The summary table shaped for reading: one row per method, for each model (display ``names``) the operating
-    point, its consistency and its speed relative to full depth, with ✓ where the point reaches the target.
+    """The summary table shaped for reading: one row per method, one column per model (display ``names``, in
+    their order), each cell "operating point: consistency (✓ where it reaches the target), speed vs full".
     A point whose rule never exits (``layers`` per token within ``never`` of the model's depth ``layers[model]``)
-    is marked "(never exits)": its consistency is the full model's by construction."""
+    is marked "never exits": its consistency is the full model's by construction."""
     cols = {}
-    for key in dict.fromkeys(best["model"]):
+    keys = [k for k in names if k in set(best["model"])] + [k for k in dict.fromkeys(best["model"]) if k not in names]
+    for key in keys:
         b = best[best.model == key].set_index("method")
-        L = layers[key]
-        trivial = b["layers"] >= L - never
-        point = np.where(trivial, b["label"] + " (never exits)", b["label"])
-        cols[(names.get(key, key), "operating point")] = pd.Series(point, index=b.index)
-        cols[(names.get(key, key), "consistency")] = pd.Series(
-            [f"{r.consistency:.2f}" + (" ✓" if r.meets else "") for r in b.itertuples()], index=b.index)
-        cols[(names.get(key, key), "speed vs full")] = b["speed"].map(lambda v: f"{v:.2f}")
+        trivial = (b["layers"] >= layers[key] - never) & b.index.isin([*FILL, *CLASSIFIED])   # exit rules only
+        cols[names.get(key, key)] = pd.Series(
+            [f"{r.label}{' (never exits)' if t else ''}: {r.consistency:.2f}{' ✓' if r.meets else ''}, {r.speed:.2f}×"
+             for r, t in zip(b.itertuples(), trivial)], index=b.index)
     out = pd.DataFrame(cols)
     order = [m for m in METHODS if m in out.index] + [m for m in out.index if m not in METHODS]
     out = out.loc[order].fillna("")
@@ -252,14 +250,14 @@ def wide_table(best: pd.DataFrame, names: dict, layers: dict, never: float = 0.5
 
 
 def headline(profile: str, model: str | None = None, device: str | None = None) -> pd.DataFrame:
-    """The front page's table: chapter 8's summary table (:func:`best_table`) restricted to the released and
+    """The front page's table: chapter 8's summary table (:func:`wide_table`) restricted to the released and
     the trained model, with the comparison chapter's parameters under ``profile``. Every number is read from
     the result cache when the comparison chapter has run (the runner executes the front page last)."""
     import torch
 
     from ..engine.models import load_model, set_threads
     from ..training import checkpoints
-    from . import chapter, runner, trained
+    from . import chapter, classify, runner, trained
 
     p = runner.load_profile(profile).parameters("08_comparison")
     if model is not None and model != p["model"]:
@@ -275,9 +273,12 @@ def headline(profile: str, model: str | None = None, device: str | None = None) 
             models["trained"] = checkpoints.load(recipe, device=dev, dtype=p["dtype"], progress=False)
         es = prompts.eval_set(released, p["prompt_kind"], p["n_prompts"], p["seed"], p["max_prompt_tokens"])
         sset = es.subset(min(p["spec_prompts"], len(es)))
-        pts = model_points(models, released.num_layers, es, p["max_new_tokens"], p, sset)
+        p9 = runner.load_profile(profile).parameters("09_where_time_goes")
+        clf = {k: classify.classifier_for(m, p9) for k, m in models.items()}
+        pts = model_points(models, released.num_layers, es, p["max_new_tokens"], p, sset, classifiers=clf,
+                           classifier_thresholds=p9["clf_thresholds"])
         summ = summarize(pts, seed=p["seed"], n_boot=p["n_boot"], by=("model", "method", "label"))
-        _, tab = best_table(summ, p["target"], chapter.model_names(p["model"]), exclude=("oracle exits", "static exit"))
-        return tab
+        best, _ = best_table(summ, p["target"], chapter.model_names(p["model"]), exclude=("oracle exits", "static exit"))
+        return wide_table(best, chapter.model_names(p["model"]), {k: m.num_layers for k, m in models.items()})
     finally:
         torch.set_num_threads(before)
