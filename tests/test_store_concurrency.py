@@ -9,7 +9,6 @@ import sys
 import textwrap
 import time
 
-import pandas as pd
 import pytest
 
 from earlyexit.book import claims, store

@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from earlyexit.training.forward import early_exit_loss, exit_logits, forward_layers, per_layer_agreement
 from earlyexit.training.loop import latest_checkpoint, train
-from earlyexit.training.recipe import (CURRICULA, SCALES, TrainConfig, curriculum_layers, exit_loss_weights,
+from earlyexit.training.recipe import (SCALES, TrainConfig, curriculum_layers, exit_loss_weights,
                                        layer_dropout_rates, lr_at)
 
 VOCAB = 256

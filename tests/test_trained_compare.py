@@ -15,6 +15,7 @@ from earlyexit.book import points, prompts
 from earlyexit.training import checkpoints as tr
 from earlyexit.book import trained
 from earlyexit.engine import DecodeConfig
+from earlyexit.training import classifier as train_clf
 from earlyexit.training.recipe import TrainConfig
 
 N = 6
@@ -198,9 +199,17 @@ def test_error_split_parts_add_up_and_exact_caches_have_no_cache_part(tiny, cach
 
 def test_method_points_cover_every_method_and_self_speculation_is_exact(tiny, cache_dir):
     lm, es = tiny
+    cfg = train_clf.ClassifierConfig(n_prompts=3, n_new=4, max_prompt_tokens=24, min_layer=3, hidden=8, epochs=2,
+                                     batch_size=16)
+    folder = str(train_clf.ensure(lm, cfg, root=cache_dir / "clf"))
     pts = compare.method_points(lm, es, N, rule="softmax", thresholds=[0.3, 0.9], min_layer=3,
-                                static_layers=[3, 5], e_mins=[3], spec=[(3, 2)], spec_set=es.subset(2))
+                                static_layers=[3, 5], e_mins=[3], spec=[(3, 2)], spec_set=es.subset(2),
+                                classifier=folder, classifier_thresholds=[0.5])
     assert set(pts["method"]) == set(compare.METHODS)
+    # without a classifier the classifier methods are absent, not empty rows
+    plain = compare.method_points(lm, es, N, rule="softmax", thresholds=[0.9], min_layer=3, static_layers=[3],
+                                  e_mins=[3], spec=[(3, 2)], spec_set=es.subset(2))
+    assert set(plain["method"]) == set(compare.METHODS) - set(compare.CLASSIFIED)
     spec = pts[pts.method == "self-speculation"]
     assert (spec["consistency"] == 1.0).all() and (spec["exact_match"] == 1.0).all()
     orc = pts[pts.method == "oracle exits"]

@@ -10,7 +10,8 @@ MODELS = DATA / "models"
 CACHE = DATA / "cache"  # result cache of sweeps (earlyexit.store)
 FIGURES = Path(os.environ.get("EARLYEXIT_FIGURES", REPO_ROOT / "figures")).resolve()  # PNG/PDF/SVG + JSON
 NOTEBOOKS = REPO_ROOT / "notebooks"  # stripped sources, one chapter each
-GENERATED = REPO_ROOT / "book" / "generated"  # executed copies that the book is built from
+# executed copies that the book is built from (elsewhere for a run that must not touch the book, e.g. a check)
+GENERATED = Path(os.environ.get("EARLYEXIT_GENERATED", REPO_ROOT / "book" / "generated")).resolve()
 PROFILES = REPO_ROOT / "profiles"
 
 

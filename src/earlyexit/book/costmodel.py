@@ -23,12 +23,12 @@ from __future__ import annotations
 import json
 import math
 import platform
-import time
 
 import numpy as np
 import pandas as pd
 import torch
 
+from ..clock import now
 from ..engine import DecodeConfig, decode
 from ..engine.adapter import adapter
 from ..engine.cache import COMPUTED
@@ -57,13 +57,13 @@ def machine_id() -> dict:
     return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
-def _median_time(fn, repeats: int) -> float:
+def _median_time(fn, repeats: int, device=None) -> float:
     fn()                                                    # warm-up
     ts = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = now(device)
         fn()
-        ts.append(time.perf_counter() - t0)
+        ts.append(now(device) - t0)
     return float(np.median(ts))
 
 
@@ -71,6 +71,10 @@ def _median_time(fn, repeats: int) -> float:
 def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 64) -> list[dict]:
     A = adapter(lm)
     L, D = A.L, A.config.hidden_size
+
+    def _t(fn, reps):
+        return _median_time(fn, reps, A.device)
+
     g = torch.Generator().manual_seed(0)
     rows = []
     big = max(LAYER_KS)
@@ -89,25 +93,25 @@ def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 
                 eng.layer(l, h, slice(None), cols, c, s, COMPUTED, audit=False)
 
         reps = repeats if k <= 64 else max(2, repeats // 4)
-        rows.append({"unit": "layer", "size": k, "seconds": _median_time(all_layers, reps) / L})
+        rows.append({"unit": "layer", "size": k, "seconds": _t(all_layers, reps) / L})
     W = A.head.weight
     K = min(shortlist, W.shape[0])
     Ws = W[:K].clone()
     for r in HEAD_ROWS:
         h = torch.randn(r, D, generator=g).to(A.device, A.dtype)
-        rows.append({"unit": "head", "size": r, "seconds": _median_time(lambda h=h: A.logits(h), repeats)})
+        rows.append({"unit": "head", "size": r, "seconds": _t(lambda h=h: A.logits(h), repeats)})
         rows.append({"unit": "head_short", "size": r,
-                     "seconds": _median_time(lambda h=h: torch.nn.functional.linear(A.norm(h), Ws), repeats)})
+                     "seconds": _t(lambda h=h: torch.nn.functional.linear(A.norm(h), Ws), repeats)})
         lg = A.logits(h)
-        rows.append({"unit": "decide", "size": r, "seconds": _median_time(
+        rows.append({"unit": "decide", "size": r, "seconds": _t(
             lambda lg=lg: torch.softmax(lg.float(), dim=-1).max(dim=-1), repeats)})
         clf = ExitClassifier(D, L, classifier_hidden).to(A.device, A.dtype).eval()
-        rows.append({"unit": "check_classifier", "size": r, "seconds": _median_time(
+        rows.append({"unit": "check_classifier", "size": r, "seconds": _t(
             lambda h=h: torch.sigmoid(clf(A.norm(h), L // 2).float()) >= 0.5, repeats)})
-        rows.append({"unit": "check_saturation", "size": r, "seconds": _median_time(
+        rows.append({"unit": "check_saturation", "size": r, "seconds": _t(
             lambda h=h: torch.nn.functional.cosine_similarity(h.float(), h.float().flip(0), dim=-1) >= 0.9, repeats)})
         c, s = A.rope(h[:, None], torch.zeros(r, 1, dtype=torch.long, device=A.device))
-        rows.append({"unit": "kv", "size": r, "seconds": _median_time(
+        rows.append({"unit": "kv", "size": r, "seconds": _t(
             lambda h=h, c=c, s=s: A.qkv(L - 1, h[:, None], c, s, with_q=False), repeats)})
     rows.append({"unit": "shortlist", "size": K, "seconds": float("nan")})
     return rows

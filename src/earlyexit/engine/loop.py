@@ -12,11 +12,11 @@ from the prompt's last position.
 """
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import torch
 import torch.nn.functional as F
+from ..clock import now
 from ..progress import bar
 from .adapter import Adapter
 from .cache import COMPUTED, HOLE, PAD, RECOMPUTED, KVCache
@@ -232,7 +232,7 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
     ids = ids.to(dev)
     pos_all = (torch.arange(P + N)[None, :] - pad[:, None]).clamp(min=0).to(dev)    # (B, C)
 
-    t0 = time.perf_counter()
+    t0 = now(dev)
     # Prefill at full depth; pad columns are marked PAD so no one attends to them.
     pstate = torch.full((B, P), COMPUTED, dtype=torch.uint8, device=dev)
     for b in range(B):
@@ -278,7 +278,7 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
             rows = rows[~done]
             if len(rows) == 0:
                 break
-    wall = time.perf_counter() - t0
+    wall = now(dev) - t0
     col_exit[:, P + N - 1:] = 0   # the last prediction is never fed back
     for b in range(B):
         col_exit[b, P + int(n_new[b]) - 1:] = 0

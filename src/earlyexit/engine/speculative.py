@@ -18,11 +18,11 @@ output equals full-depth greedy decoding token for token.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
+from ..clock import now
 from ..progress import bar as progress_bar
 from .adapter import Adapter
 from .cache import COMPUTED
@@ -75,7 +75,7 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
             h = eng.layer(l, h, row, cols_t if len(cols) > 1 else cols[0], cos, sin, COMPUTED, audit=False)
         return h
 
-    t0 = time.perf_counter()
+    t0 = now(dev)
     h = run(range(L), A.embed(torch.tensor([prompt], device=dev)), list(range(P)))
     x = int(eng.head(h[:, -1], "out").argmax(-1))
     eng.phase = "decode"
@@ -119,7 +119,7 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
                 break
         x = out[-1]
     bar.close()
-    sp.wall_s = time.perf_counter() - t0
+    sp.wall_s = now(dev) - t0
     sp.cache_len = c
     sp.state = eng.cache.state[:, 0].cpu()
     sp.calls = {ph: dict(sorted(c.items())) for ph, c in eng.calls.items()}
@@ -138,7 +138,7 @@ def hf_assistant_early_exit(model, prompt: list[int], max_new_tokens: int, exit_
               pad_token_id=model.config.pad_token_id)
     if not stop_at_eos:
         kw["eos_token_id"] = None
-    t0 = time.perf_counter()
+    t0 = now(dev)
     with torch.inference_mode():
         out = model.generate(x, **kw)
-    return out[0, len(prompt):].tolist(), time.perf_counter() - t0
+    return out[0, len(prompt):].tolist(), now(dev) - t0

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -21,6 +20,7 @@ from typing import Callable
 import torch
 
 from ..engine.adapter import adapter
+from ..clock import now as clock_now
 from ..files import atomic_dir
 from ..progress import enabled as progress_enabled
 from .forward import early_exit_loss
@@ -190,7 +190,7 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
     try:
         model.train()
         for step in range(start, cfg.steps):
-            t0 = time.perf_counter()
+            t0 = clock_now(device)
             lr = lr_at(step, cfg)
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -212,7 +212,7 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
                 torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]],
                                                cfg.grad_clip)
             opt.step()
-            dt = time.perf_counter() - t0
+            dt = clock_now(device) - t0
             history["step"].append(step)
             history["loss"].append(float(loss.detach()))
             history["final_ce"].append(per_layer[L - 1])
