@@ -190,6 +190,31 @@ def test_set_threads_and_labels():
     assert points.split_ints("1 2 3") == [1, 2, 3] and points.split_ints(float("nan")) == []
 
 
+def test_threads_auto_takes_the_cores_available_shares_them_and_is_recorded(monkeypatch):
+    import os
+
+    from earlyexit.book.provenance import threads_record
+    from earlyexit.engine.models import available_cores, resolve_threads
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("EARLYEXIT_WORLD", raising=False)
+    cores = available_cores()
+    assert 1 <= cores <= len(os.sched_getaffinity(0))
+    assert resolve_threads("auto")[0] == cores
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert available_cores() == 1, "a scheduler's grant caps the cores"
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    n, why = resolve_threads("auto")
+    assert n == max(1, cores // 2) and "shared by 2 processes" in why
+    assert resolve_threads(3) == (3, "given")
+    for bad in ("many", -1, 1.5, True):
+        with pytest.raises(ValueError, match="'auto', 0"):
+            resolve_threads(bad)
+    rec = threads_record("auto")
+    assert rec["torch_num_threads"] == torch.get_num_threads() and rec["why"].startswith("auto: ")
+
+
 def test_time_replay_uses_the_recorded_exits(lm, es):
     sub = es.subset(2)
     df = points.point(lm, sub, 6, EE("scripted", exits=(6, 2, 6, 3)))

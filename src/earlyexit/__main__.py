@@ -37,7 +37,9 @@ def _train(argv) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m earlyexit train",
                                  description="Build (or resume) the checkpoints chapter 6 trains under a profile; "
-                                             "finished ones are reused.")
+                                             "finished ones are reused. Runs unchanged under "
+                                             "`torchrun --nproc_per_node N -m earlyexit train` (DDP: the same "
+                                             "global batch, data order and layer-dropout draws; rank 0 writes).")
     ap.add_argument("--profile", default="cpu", help="profile name (profiles/<name>.yml)")
     ap.add_argument("--device", default=None, help="override the profile's device (cpu, cuda, auto)")
     args = ap.parse_args(argv)
@@ -47,10 +49,14 @@ def _train(argv) -> int:
     except (runner.UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from .training import distributed
+
+    w = distributed.world(device)  # under torchrun: this rank (the processes train together, rank 0 writes)
     for name, r in recipes.items():
-        run = checkpoints.ensure(r, device=device)
-        print(f"{name}: {run.checkpoint} ({'trained now' if run.trained_now else 'reused'}, "
-              f"{len(run.history['step'])} steps, {run.seconds:.0f} s of training)")
+        run = checkpoints.ensure(r, device=device, progress=w.main)
+        if w.main:
+            print(f"{name}: {run.checkpoint} ({'trained now' if run.trained_now else 'reused'}, "
+                  f"{len(run.history['step'])} steps, {run.seconds:.0f} s of training)")
     return 0
 
 

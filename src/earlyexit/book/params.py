@@ -33,7 +33,8 @@ class Param:
     type     a Python type or a tuple of them (``float`` also accepts an ``int``; ``bool`` is never
              accepted for ``int`` nor ``int`` for ``bool``). ``type(None)`` in the tuple allows None.
     range    (low, high), inclusive; either end may be None. For numbers, and for the items of lists.
-    choices  the allowed values (for lists: allowed items).
+    choices  the allowed values (for lists: allowed items). With a range as well, numbers are checked by the
+             range and other values by the choices (``threads``: a count, or "auto").
     item     for ``list`` parameters: the type of each item.
     """
 
@@ -178,7 +179,8 @@ def _value_problems(name: str, p: Param, value) -> list[str]:
                 problems.append(f"{where}: NaN is not allowed")
             elif (lo is not None and v < lo) or (hi is not None and v > hi):
                 problems.append(f"{where}: {v!r} is out of range [{lo}, {hi}]")
-        if p.choices is not None and v not in p.choices:
+        numeric = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if p.choices is not None and v not in p.choices and not (numeric and p.range is not None):
             problems.append(f"{where}: {v!r} is not one of {list(p.choices)}{suggest(str(v), map(str, p.choices))}")
     return problems
 

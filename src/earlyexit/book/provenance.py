@@ -113,9 +113,26 @@ def collect(params: Mapping[str, Any] | None = None, model=None, notebook: str |
         "model": _jsonable(model.provenance()) if model is not None else None,
         "software": software(),
         **device_info(model),
+        "threads": threads_record(params.get("threads")),
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     return record
+
+
+def threads_record(spec=None) -> dict:
+    """The CPU threads torch uses, what asked for them (``threads`` parameter) and why that many: for "auto", the
+    cores available to this process (affinity, cgroup quota, scheduler grant) and the workers sharing them."""
+    import torch
+
+    from ..engine.models import available_cores, resolve_threads
+
+    rec = {"torch_num_threads": torch.get_num_threads(), "asked": spec, "cores_available": available_cores()}
+    if spec is not None:
+        try:
+            rec["why"] = resolve_threads(spec)[1]
+        except ValueError as e:
+            rec["why"] = str(e)
+    return rec
 
 
 def set_determinism(seed: int = 0, *, warn_only: bool = True) -> dict:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from .params import Param, register
 
+THREADS = Param((int, str), "auto", "CPU threads for torch: 'auto' (the cores available to this process, shared "
+                "among the workers of a sweep), 0 (torch's default) or a count", range=(0, 256), choices=("auto",))
+
 INTRO = register(
     "00_intro",
     doc="The book's first page: the problem in one picture (one prompt's cache under each method).",
-    threads=Param(int, 1, "CPU threads for torch (0 = torch's default); on a shared 2-core machine one "
-                  "thread is fastest", range=(0, 256)),
+    threads=THREADS,
     prompt_kind=Param(str, "mix", "evaluation prompts: code, prose, instruction, a '+'-joined subset or mix"),
     n_prompts=Param(int, 12, "size of the evaluation set the prompt is drawn from (the chapters' set)",
                     range=(1, 10_000)),
@@ -41,8 +43,7 @@ KV_CACHE_INVARIANT = register(
 
 def _exit_chapter(**own: Param) -> dict:
     shared = dict(
-        threads=Param(int, 1, "CPU threads for torch (0 = torch's default); on a shared 2-core machine one "
-                      "thread is fastest", range=(0, 256)),
+        threads=THREADS,
         prompt_kind=Param(str, "mix", "evaluation prompts: code, prose, instruction, a '+'-joined subset or mix"),
         n_prompts=Param(int, 12, "prompts per point (one batch)", range=(1, 10_000)),
         max_prompt_tokens=Param(int, 96, "longest prompt kept (tokens)", range=(8, 8192)),
@@ -124,8 +125,7 @@ SKIPDECODE = register(
 TRAINING = register(
     "06_training",
     doc="Training for early exit: LayerSkip's recipe, continual pre-training and a from-scratch pair.",
-    threads=Param(int, 2, "CPU threads for torch (0 = torch's default); training uses big matrices, so "
-                  "both cores help", range=(0, 256)),
+    threads=THREADS,
     steps=Param(int, 40, "optimizer steps of the continual pre-training of the model", range=(1, 10_000_000)),
     batch_size=Param(int, 4, "sequences per step", range=(1, 65_536)),
     seq_len=Param(int, 256, "tokens per sequence", range=(2, 65_536)),

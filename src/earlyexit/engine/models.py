@@ -253,14 +253,62 @@ def tiny_model(spec: str, seed: int = 0) -> torch.nn.Module:
     return small_model(spec, seed, init="wide")
 
 
-def set_threads(n: int) -> int:
-    """Use ``n`` CPU threads for torch (0: leave torch's default). Returns the number in use.
+def available_cores() -> int:
+    """The cores this process may use: its CPU affinity (``os.sched_getaffinity``), capped by a cgroup CPU
+    quota (containers, batch jobs: ``/sys/fs/cgroup/cpu.max``) and by a scheduler's grant (``SLURM_CPUS_PER_TASK``)."""
+    import math
+    import os
+
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.floor(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        n = min(n, int(slurm))
+    return max(1, n)
+
+
+def resolve_threads(spec) -> tuple[int, str]:
+    """The thread count a ``threads`` parameter asks for, and why: an integer >= 1 is taken as given; 0 leaves
+    torch's default; ``"auto"`` takes the cores available to this process (:func:`available_cores`) shared
+    evenly among the processes of this node that decode or train together (torchrun's ``LOCAL_WORLD_SIZE``, or
+    the ``sweep`` command's ``EARLYEXIT_WORLD``). Anything else raises ValueError naming what is valid."""
+    import os
+
+    if isinstance(spec, str) and spec.strip().lower() == "auto":
+        cores = available_cores()
+        share = 1
+        for var in ("LOCAL_WORLD_SIZE", "EARLYEXIT_WORLD"):
+            v = os.environ.get(var, "")
+            if v.isdigit() and int(v) > 1:
+                share = int(v)
+                break
+        n = max(1, cores // share)
+        return n, f"auto: {cores} cores available" + (f", shared by {share} processes" if share > 1 else "")
+    if isinstance(spec, bool) or not isinstance(spec, int) or spec < 0:
+        raise ValueError(f"threads must be 'auto', 0 (torch's default) or a positive integer, got {spec!r}")
+    if spec == 0:
+        return torch.get_num_threads(), "torch's default"
+    return spec, "given"
+
+
+def set_threads(n) -> int:
+    """Use ``n`` CPU threads for torch (``"auto"``, 0 for torch's default, or a count; see
+    :func:`resolve_threads`). Returns the number in use.
 
     Measured on a shared 2-core machine: with other processes running, one thread decodes up to
     six times faster than two (the second thread spins waiting for a core it does not get).
     """
-    if n and n > 0:
-        torch.set_num_threads(n)
+    k, _ = resolve_threads(n)
+    if k != torch.get_num_threads():
+        torch.set_num_threads(k)
     return torch.get_num_threads()
 
 

@@ -27,6 +27,7 @@ from .. import paths
 from ..engine.models import (EMBEDDED, GGUF_SHA256, SCRATCH, TINY, LoadedModel, embedded_tokenizer, load_model,
                              resolve_device, resolve_dtype, sha256_file, small_model)
 from ..files import canonical
+from . import distributed as dist_
 from .loop import latest_checkpoint, load_checkpoint_weights, train
 from .recipe import RESUME_FREE, TrainConfig
 
@@ -151,17 +152,21 @@ def is_complete(recipe: Recipe, root: Path | None = None) -> bool:
 
 
 def ensure(recipe: Recipe, device: str = "cpu", progress: bool = True, root: Path | None = None) -> Run:
-    """The finished checkpoint of ``recipe``: reused if complete, else trained (resuming a partial run)."""
+    """The finished checkpoint of ``recipe``: reused if complete, else trained (resuming a partial run).
+
+    Under ``torchrun`` every process calls this; they train together (DDP) and rank 0 writes."""
     d = recipe.directory(root)
     if is_complete(recipe, root):
         ck = latest_checkpoint(d)
         meta = json.loads((ck / "train_meta.json").read_text())
         return Run(recipe, ck, meta["history"], False)
-    lm = _base_loaded(recipe, device)
+    w = dist_.world(device)  # rank 0 of 1 unless started by torchrun
+    lm = _base_loaded(recipe, dist_.device_for(device, w))
     batches = Batches(lm.tokenizer, recipe.cfg.batch_size, recipe.cfg.seq_len, recipe.data_seed)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "recipe.json").write_text(json.dumps({"base": recipe.base, "data_seed": recipe.data_seed,
-                                               "config": asdict(recipe.cfg), "key": recipe.key()}, indent=1))
+    if w.main:
+        (d / "recipe.json").write_text(json.dumps({"base": recipe.base, "data_seed": recipe.data_seed,
+                                                   "config": asdict(recipe.cfg), "key": recipe.key()}, indent=1))
     history = train(lm.model, batches, recipe.cfg, checkpoint_dir=d, progress=progress)
     return Run(recipe, latest_checkpoint(d), history, True)
 

@@ -45,7 +45,8 @@ def _attention_masks(model, h: torch.Tensor, position_ids: torch.Tensor) -> list
 
 def forward_layers(model, input_ids: torch.Tensor, collect: Iterable[int] | None = None,
                    drop_rates: torch.Tensor | None = None,
-                   generator: torch.Generator | None = None) -> dict[int, torch.Tensor]:
+                   generator: torch.Generator | None = None,
+                   rows: tuple[int, int, int] | None = None) -> dict[int, torch.Tensor]:
     """Run the decoder layer by layer; return ``{l: x_{l+1}}``, the residual stream after layer ``l``
     (before the final norm), for each ``l`` in ``collect`` (default: every layer).
 
@@ -54,6 +55,10 @@ def forward_layers(model, input_ids: torch.Tensor, collect: Iterable[int] | None
     draws do not depend on the device). A layer runs only on the sequences that keep it (``index_select``
     then ``index_copy`` back); the others carry their residual stream through unchanged. In eval mode no
     layer is dropped. With dropout off this equals ``model(input_ids)`` (tested to 1e-4 in fp32).
+
+    ``rows = (start, stop, global_batch)`` says that ``input_ids`` are rows ``start..stop-1`` of a larger batch
+    (one process's share under torch.distributed): the coins are drawn for the whole global batch, in the same
+    order as in one process, and this slice keeps its own.
     """
     A = adapter(model)
     model, L = A.model, A.L
@@ -68,7 +73,8 @@ def forward_layers(model, input_ids: torch.Tensor, collect: Iterable[int] | None
     for l, layer in enumerate(A.layers):
         mask = masks[l]
         if dropping and float(drop_rates[l]) > 0:
-            keep = torch.rand(B, generator=generator) >= float(drop_rates[l])
+            coins = torch.rand(B if rows is None else rows[2], generator=generator)
+            keep = (coins if rows is None else coins[rows[0]:rows[1]]) >= float(drop_rates[l])
             n_keep = int(keep.sum())
         else:
             keep, n_keep = None, B
@@ -101,13 +107,15 @@ def _exit_ce(model, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 def early_exit_loss(model, input_ids: torch.Tensor, layers: Sequence[int], weights: torch.Tensor,
                     drop_rates: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                    checkpoint_head: bool = False) -> tuple[torch.Tensor, dict[int, float]]:
+                    checkpoint_head: bool = False,
+                    rows: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, dict[int, float]]:
     """``J = Σ_l ẽ_l · CE(head(norm(x_{l+1}))[:, :-1], input_ids[:, 1:])`` over the enabled ``layers``.
 
-    Returns the weighted loss (a scalar with grad) and each layer's CE as a float.
+    Returns the weighted loss (a scalar with grad) and each layer's CE as a float. ``rows``: see
+    :func:`forward_layers`.
     """
     layers = list(layers)
-    hs = forward_layers(model, input_ids, collect=layers, drop_rates=drop_rates, generator=generator)
+    hs = forward_layers(model, input_ids, collect=layers, drop_rates=drop_rates, generator=generator, rows=rows)
     targets = input_ids[:, 1:]
     total = 0.0
     per_layer = {}

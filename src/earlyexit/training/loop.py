@@ -23,7 +23,7 @@ from ..engine.adapter import adapter
 from ..clock import now as clock_now
 from ..files import atomic_dir
 from ..progress import enabled as progress_enabled
-from .forward import early_exit_loss
+from . import distributed as dist_
 from .recipe import RESUME_FREE, TrainConfig, curriculum_layers, exit_loss_weights, layer_dropout_rates, lr_at
 
 _CKPT = re.compile(r"^step_(\d{8})$")
@@ -148,6 +148,9 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
         raise TypeError("blocks must be a function step -> LongTensor (batch_size, seq_len)")
     A = adapter(model)
     L, device = A.L, A.device
+    w = dist_.world(device)
+    start_row, stop_row = w.rows(cfg.batch_size)
+    rows = None if w.size == 1 else (start_row, stop_row, cfg.batch_size)
     param = cfg.resolved_param(L)
     rates = layer_dropout_rates(L, cfg.p_max) if cfg.recipe else None
     torch.manual_seed(cfg.seed)
@@ -180,10 +183,11 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
         history = meta["history"]
         history["layer_ce"] = [{int(k): v for k, v in d.items()} for d in history["layer_ce"]]
 
+    objective = dist_.wrap(model, w)
     was_training = model.training
     use_amp = cfg.amp and device.type == "cuda"
     bar = None
-    if progress and start < cfg.steps and progress_enabled():
+    if progress and w.main and start < cfg.steps and progress_enabled():
         from tqdm.auto import tqdm
         bar = tqdm(total=cfg.steps, initial=start, desc="LayerSkip" if cfg.recipe else "baseline",
                    unit="step")
@@ -200,12 +204,11 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
                 raise ValueError(f"blocks({step}) must return a LongTensor of shape "
                                  f"({cfg.batch_size}, {cfg.seq_len}), got "
                                  f"{getattr(ids, 'dtype', type(ids))} {tuple(getattr(ids, 'shape', ()))}")
-            ids = ids.to(device)
+            ids = ids[start_row:stop_row].to(device)  # this process's rows (all of them in one process)
             layers = curriculum_layers(cfg.curriculum, step, L, param) if cfg.recipe else [L - 1]
             weights = exit_loss_weights(layers, L, cfg.scale, cfg.e_scale)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
-                loss, per_layer = early_exit_loss(model, ids, layers, weights, drop_rates=rates,
-                                                  generator=gen, checkpoint_head=cfg.checkpoint_exit_head)
+                loss, per_layer = objective(ids, layers, weights, rates, gen, cfg.checkpoint_exit_head, rows)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip > 0:
@@ -213,8 +216,10 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
                                                cfg.grad_clip)
             opt.step()
             dt = clock_now(device) - t0
+            logged = dist_.mean(w, [float(loss.detach())] + [per_layer[l] for l in layers])
+            per_layer = dict(zip(layers, logged[1:]))
             history["step"].append(step)
-            history["loss"].append(float(loss.detach()))
+            history["loss"].append(logged[0])
             history["final_ce"].append(per_layer[L - 1])
             history["lr"].append(lr)
             history["n_exits"].append(len(layers))
@@ -227,7 +232,9 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
             done = step + 1
             if ckdir is not None and (done == cfg.steps or (cfg.checkpoint_every and
                                                             done % cfg.checkpoint_every == 0)):
-                _save_checkpoint(ckdir, model, opt, gen, done, cfg, history)
+                if w.main:  # one writer; the others wait until the checkpoint is in place
+                    _save_checkpoint(ckdir, model, opt, gen, done, cfg, history)
+                dist_.barrier(w)
     finally:
         if bar is not None:
             bar.close()
