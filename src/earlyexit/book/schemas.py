@@ -41,6 +41,20 @@ KV_CACHE_INVARIANT = register(
 # Sizes shared by the four chapters: the same (prompt set, tokens, rule, strategy, threshold) point
 # is computed once and read from the result cache by the others.
 
+# Exit decisions without the head (chapters 02-04 and 09): state saturation and the learned exit classifier, at
+# their operating points; the same parameters give the same classifier, trained once.
+DECISIONS = dict(
+    saturation_threshold=Param(float, 0.9, "threshold of the saturation rule (cosine of consecutive states)",
+                               range=(1e-6, 1.0)),
+    clf_prompts=Param(int, 64, "training prompts of the exit classifier (training split)", range=(1, 100_000)),
+    clf_tokens=Param(int, 32, "tokens the full model generates per training prompt (labelled positions)",
+                     range=(1, 8192)),
+    clf_hidden=Param(int, 64, "hidden units of the exit classifier (0: linear)", range=(0, 4096)),
+    clf_epochs=Param(int, 30, "training epochs of the exit classifier", range=(1, 10_000)),
+    clf_operating=Param(float, 0.8, "the classifier threshold where one point stands for it", range=(1e-6, 1.0)),
+)
+
+
 def _exit_chapter(**own: Param) -> dict:
     shared = dict(
         threads=THREADS,
@@ -70,6 +84,7 @@ NAIVE_COLLAPSE = register(
         scene_prompt=Param(int, 8, "index of the prompt of the scene", range=(0, 10_000)),
         scene_token=Param(int, 3, "generated token that exits early in the scene", range=(1, 8191)),
         scene_exit=Param(int, 0, "its exit layer (0 = half the depth)", range=(0, 1024)),
+        **DECISIONS,
     ),
 )
 
@@ -89,6 +104,7 @@ COPY_FORWARD = register(
                                    range=(1e-6, 1.0)),
         timing_prompts=Param(int, 3, "prompts timed one by one at batch 1", range=(1, 10_000)),
         timing_repeats=Param(int, 2, "timed runs per prompt (the fastest counts)", range=(1, 100)),
+        **{k: v for k, v in DECISIONS.items() if k != "saturation_threshold"},
     ),
 )
 
@@ -100,6 +116,7 @@ LAZY_RECOMPUTE = register(
         timing_repeats=Param(int, 2, "timed runs per prompt (the fastest counts)", range=(1, 100)),
         audit_prompt=Param(int, 0, "prompt whose completed cache is compared with the full model's",
                            range=(0, 10_000)),
+        **DECISIONS,
     ),
 )
 
@@ -209,20 +226,13 @@ WHERE_TIME_GOES = register(
     doc="Where the time goes: a measured cost model, exit decisions without the head, and where early exit pays.",
     **_exit_chapter(
         models=Param(list, ["released", "trained"], "models measured", item=str, choices=("released", "trained")),
-        saturation_threshold=Param(float, 0.9, "threshold of the saturation rule (cosine of consecutive states)",
-                                   range=(1e-6, 1.0)),
+        **DECISIONS,
         timing_prompts=Param(int, 3, "prompts timed one at a time per method", range=(1, 10_000)),
         timing_repeats=Param(int, 2, "timed runs per configuration (the fastest counts)", range=(1, 100)),
         unit_ctx=Param(int, 96, "keys in the cache when the unit costs are timed", range=(1, 8192)),
         unit_repeats=Param(int, 5, "timed repeats of each unit cost (the median counts)", range=(1, 1000)),
         shortlist=Param(int, 8192, "rows of the shortlist draft head priced by the cost model", range=(1, 10_000_000)),
-        clf_prompts=Param(int, 64, "training prompts of the exit classifier (training split)", range=(1, 100_000)),
-        clf_tokens=Param(int, 32, "tokens the full model generates per training prompt (labelled positions)",
-                         range=(1, 8192)),
-        clf_hidden=Param(int, 64, "hidden units of the exit classifier (0: linear)", range=(0, 4096)),
-        clf_epochs=Param(int, 30, "training epochs of the exit classifier", range=(1, 10_000)),
         clf_thresholds=Param(list, [0.5, 0.8, 0.95], "classifier thresholds swept", item=float, range=(1e-6, 1.0)),
-        clf_operating=Param(float, 0.8, "the classifier threshold where one point stands for it", range=(1e-6, 1.0)),
         spec_exit=Param(int, 25, "self-speculation's draft depth E (the embedded model's; scaled for others)",
                         range=(1, 1024)),
         spec_draft=Param(int, 2, "self-speculation's draft length d", range=(1, 64)),
