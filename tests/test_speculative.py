@@ -56,3 +56,68 @@ def test_hf_peer_agrees(model):
 def test_bad_arguments(model, E, d, match):
     with pytest.raises(ValueError, match=match):
         self_speculative(model, prompt(0), 8, E, d)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from earlyexit.engine.models import load_model
+
+    return load_model("tiny-llama", device="cpu")   # with its tokenizer, which counts token frequencies
+
+
+@pytest.fixture(scope="module")
+def counts_dir(tmp_path_factory):
+    """One result cache for the module: the token counts are made once (about a million tokens)."""
+    from earlyexit import paths
+
+    root = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(paths, "CACHE", root)
+        yield root
+
+
+@pytest.mark.parametrize("kw", [{"shortlist": 16}, {"shortlist": 4096}, {"shortlist": 10**9}, {"confidence": 0.2},
+                                {"shortlist": 256, "confidence": 0.6}])
+def test_shortlist_drafts_and_adaptive_length_stay_lossless(lm, counts_dir, kw):
+    """FR-Spec's shortlist head drafts over the most frequent tokens only and confidence stops a round early;
+    verification reads the full head, so the output is still the full model's, token for token."""
+    ids = [prompt(s) for s in range(3)]
+    full = decode(lm, ids, DecodeConfig.full(), 20, stop_at_eos=False).sequences()
+    cfg = DecodeConfig.self_speculation(3, 4, **kw)
+    r = decode(lm, ids, cfg, 20, stop_at_eos=False)
+    assert r.sequences() == full
+    calls = r.meta["calls"]["decode"]
+    drafts = sum(n for k, n in calls.items() if k.startswith("head:draft"))
+    assert drafts == int(r.counts["drafted"].sum())
+    if kw.get("shortlist"):
+        assert not any(k.startswith("head:draft:") for k in calls), "a shortlist run never drafts with the full head"
+    if kw.get("confidence"):
+        assert int(r.counts["drafted"].sum()) <= 4 * int(r.rounds.sum())
+    else:
+        assert int(r.counts["drafted"].sum()) == 4 * int(r.rounds.sum())
+
+
+def test_shortlist_is_the_most_frequent_tokens_of_the_training_stream(lm, counts_dir):
+    from earlyexit.corpus import token_counts
+    from earlyexit.engine.adapter import adapter
+    from earlyexit.engine.speculative import shortlist_ids
+
+    A = adapter(lm)
+    ids = shortlist_ids(lm, A, 100)
+    counts = token_counts(lm.tokenizer)
+    assert len(ids) == 100 and torch.equal(ids, torch.sort(ids).values)
+    inside = counts[ids].min()
+    outside = counts[torch.tensor([i for i in range(A.head.weight.shape[0]) if i not in set(ids.tolist())])].max()
+    assert inside >= outside
+    assert list(counts_dir.glob("token_counts/*.pt")), "the counts are kept for the next call"
+    with pytest.raises(ValueError, match="LoadedModel"):
+        shortlist_ids(lm.model, A, 100)
+
+
+def test_drafting_options_are_checked_and_plain_keys_do_not_change():
+    assert DecodeConfig.self_speculation(25, 2).key() == {"method": "self-speculation", "E": 25, "d": 2}
+    assert DecodeConfig.self_speculation(25, 2, shortlist=8192).label == "self-spec E=25 d=2 K=8192"
+    for kw, msg in (({"shortlist": -1}, "shortlist must be"), ({"confidence": 1.0}, "confidence must be"),
+                    ({"temperature": 1}, "unknown drafting option")):
+        with pytest.raises(ValueError, match=msg):
+            DecodeConfig.self_speculation(25, 2, **kw)

@@ -42,7 +42,7 @@ PARTS = ("own layers", "recompute", "copies", "deciding", "output head", "overhe
 LAYER_KS = (*range(1, 17), 24, 32, 48, 64, 128, 256, 512, 1024)
 HEAD_ROWS = (1, 2, 4, 8, 16, 32)
 # head purposes: the head read to decide whether to exit, and the head read for the token emitted
-DECIDING = ("decide", "hindsight", "draft")
+DECIDING = ("decide", "hindsight", "draft", "draft_short")
 
 
 def machine_id() -> dict:
@@ -171,7 +171,8 @@ def predict(calls: dict, units: pd.DataFrame, steps: bool = True, shortlist: int
             out["recompute"] += n * (cost - own)
         elif kind == "head":
             why, r = args[0], args[1]
-            unit = "head_short" if (why == "draft" and shortlist) else "head"
+            # a shortlist draft (head:draft_short) read K rows; ``shortlist`` prices full drafts as if it had
+            unit = "head_short" if why == "draft_short" or (why == "draft" and shortlist) else "head"
             cost = _interp(units, unit, r)
             if why == "decide":
                 out["deciding"] += n * (cost + _interp(units, "decide", r))

@@ -42,12 +42,12 @@ from .prompts import (INSTRUCTIONS, KINDS, MAX_BODY_LINES, MAX_PROMPT_LINES, MIN
                       PromptSet, _lines, code_candidates, code_prompts, encode, instruction_prompts, load_prompts,
                       prose_candidates, prose_prompts, render_instruction, sentence_ends)
 from .sources import (EXCLUDED_DIRS, SPLITS, pydoc_topics, python_version, split_of, stdlib_modules, stdlib_root,
-                      token_stream, training_documents, training_texts)
+                      token_counts, token_stream, training_documents, training_texts)
 
 __all__ = [
     "INSTRUCTIONS", "KINDS", "MAX_BODY_LINES", "MAX_PROMPT_LINES", "MIN_BODY_LINES", "MIX", "Kind", "Prompt",
     "PromptSet", "_lines", "code_candidates", "code_prompts", "encode", "instruction_prompts", "load_prompts",
-    "prose_candidates", "prose_prompts", "render_instruction", "sentence_ends", "EXCLUDED_DIRS", "SPLITS",
+    "prose_candidates", "prose_prompts", "render_instruction", "sentence_ends", "EXCLUDED_DIRS", "SPLITS", "token_counts",
     "pydoc_topics", "python_version", "split_of", "stdlib_modules", "stdlib_root", "token_stream",
     "training_documents", "training_texts",
 ]

@@ -158,3 +158,36 @@ def token_stream(tokenizer, seq_len: int, seed: int, split: str = "train", *,
                 buf = buf[seq_len:]
         epoch += 1
 
+
+
+def token_counts(tokenizer, n_tokens: int = 1 << 20, seed: int = 0) -> torch.Tensor:
+    """How often each token id occurs in the first ``n_tokens`` tokens of the training stream (``torch.long``,
+    one count per id of the tokenizer's vocabulary). Kept on disk under the result cache, keyed by the
+    tokenizer's vocabulary, ``n_tokens``, ``seed`` and the corpus (Python version), so a second call reads it."""
+    import hashlib
+    import io
+
+    from .. import paths
+    from ..files import atomic_write_bytes
+
+    if n_tokens < 1:
+        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    h = hashlib.sha256(repr((vocab, n_tokens, seed, python_version())).encode()).hexdigest()[:16]
+    path = paths.CACHE / "token_counts" / f"{h}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    size = max(len(tokenizer), max(i for _, i in vocab) + 1)
+    counts = torch.zeros(size, dtype=torch.long)
+    seen = 0
+    for block in token_stream(tokenizer, 1024, seed, split="train", epochs=None):
+        take = block[: n_tokens - seen]
+        counts += torch.bincount(take, minlength=size)
+        seen += len(take)
+        if seen >= n_tokens:
+            break
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(counts, buf)
+    atomic_write_bytes(path, buf.getvalue())
+    return counts

@@ -62,6 +62,7 @@ class DecodeConfig:
                 v = getattr(self, name)
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                     raise ValueError(f"{self.method} needs {name} as an int >= 1, got {v!r}")
+            _check_draft_args(self.method, dict(self.rule_args))
         args = dict(self.rule_args)
         object.__setattr__(self, "rule_args", tuple(sorted((k, _freeze(v)) for k, v in args.items())))
 
@@ -75,8 +76,12 @@ class DecodeConfig:
         return cls.early_exit("full")
 
     @classmethod
-    def self_speculation(cls, exit_layer: int, draft_len: int) -> "DecodeConfig":
-        return cls("self-speculation", "full", "naive-mask", (), exit_layer, draft_len)
+    def self_speculation(cls, exit_layer: int, draft_len: int, **draft_args) -> "DecodeConfig":
+        """LayerSkip's drafting from layer ``exit_layer``, ``draft_len`` tokens a round. ``shortlist=K`` drafts
+        over the K tokens most frequent in the training stream (FR-Spec; verification keeps the full head, so
+        the output is unchanged); ``confidence=c`` stops a round's drafting early once a draft's probability
+        (over the shortlist, if any) falls below c, so ``draft_len`` becomes the longest draft."""
+        return cls("self-speculation", "full", "naive-mask", tuple(draft_args.items()), exit_layer, draft_len)
 
     @classmethod
     def hf_assistant(cls, exit_layer: int, draft_len: int) -> "DecodeConfig":
@@ -104,7 +109,9 @@ class DecodeConfig:
     def label(self) -> str:
         """A short human label: 'softmax 0.9 / copy-forward', 'static@20', 'self-spec E=25 d=2', ..."""
         if self.method == "self-speculation":
-            return f"self-spec E={self.exit_layer} d={self.draft_len}"
+            kw = self.args
+            extra = "".join(f" {n}={kw[k]:g}" for k, n in (("shortlist", "K"), ("confidence", "c")) if kw.get(k))
+            return f"self-spec E={self.exit_layer} d={self.draft_len}{extra}"
         if self.method == "hf-assistant":
             return f"hf assistant E={self.exit_layer} d={self.draft_len}"
         kw = self.args
@@ -121,7 +128,27 @@ class DecodeConfig:
         if self.method == "early-exit":
             return {"rule": self.rule, "strategy": self.strategy,
                     "rule_kw": {k: _plain(v) for k, v in self.rule_args}}
-        return {"method": self.method, "E": self.exit_layer, "d": self.draft_len}
+        key = {"method": self.method, "E": self.exit_layer, "d": self.draft_len}
+        if self.rule_args:  # drafting options (absent from the keys of plain runs, which stay as they were)
+            key["draft_kw"] = {k: _plain(v) for k, v in self.rule_args}
+        return key
+
+
+DRAFT_ARGS = ("shortlist", "confidence")
+
+
+def _check_draft_args(method: str, args: dict) -> None:
+    if method != "self-speculation" and args:
+        raise ValueError(f"{method} takes no drafting options, got {sorted(args)}")
+    bad = sorted(set(args) - set(DRAFT_ARGS))
+    if bad:
+        raise ValueError(f"unknown drafting option(s) {bad}; valid: {', '.join(DRAFT_ARGS)}")
+    k = args.get("shortlist", 0)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise ValueError(f"shortlist must be an int >= 0 (0: the full vocabulary), got {k!r}")
+    c = args.get("confidence", 0.0)
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < 1.0:
+        raise ValueError(f"confidence must be a number in [0, 1) (0: fixed draft length), got {c!r}")
 
 
 @dataclass

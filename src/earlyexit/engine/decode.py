@@ -20,7 +20,7 @@ from .config import COUNTERS, DecodeConfig, Result
 from .fill import make_strategy
 from .loop import early_exit
 from .rules import make_rule
-from .speculative import check_draft, hf_assistant_early_exit, self_speculative
+from .speculative import check_draft, hf_assistant_early_exit, self_speculative, shortlist_ids
 
 
 def _prompts(prompts, vocab: int) -> list[list[int]]:
@@ -88,6 +88,10 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
     if unsupported:
         raise ValueError(f"{', '.join(unsupported)} apply to early-exit decoding only, not to {config.method}")
     check_draft(L, config.exit_layer, config.draft_len)
+    draft_kw = config.args
+    if config.method == "hf-assistant" and draft_kw:
+        raise ValueError(f"the transformers peer takes no drafting options, got {sorted(draft_kw)}")
+    short = shortlist_ids(lm, A, draft_kw["shortlist"]) if draft_kw.get("shortlist") else None
     tokens = torch.full((B, N), pad_id, dtype=torch.long)
     counts = {c: torch.zeros(B, N) for c in COUNTERS}
     n_new = torch.zeros(B, dtype=torch.long)
@@ -98,7 +102,8 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
     state = torch.full((L, B, C), PAD, dtype=torch.uint8)
     for b, p in enumerate(prompts):
         if config.method == "self-speculation":
-            sp = self_speculative(A, p, N, config.exit_layer, config.draft_len, eos_set=eos_set, progress=progress)
+            sp = self_speculative(A, p, N, config.exit_layer, config.draft_len, eos_set=eos_set, progress=progress,
+                                  shortlist=short, confidence=float(draft_kw.get("confidence", 0.0)))
             toks, wall = sp.tokens, sp.wall_s
             for i, t in enumerate(sp.round_start):
                 counts["layers_run"][b, t] += sp.layers[i]

@@ -48,6 +48,22 @@ class SpecRun:
     calls: dict = field(default_factory=dict)              # what ran, by kind and size (see Engine.calls)
 
 
+def shortlist_ids(lm, A: Adapter, K: int) -> torch.Tensor:
+    """The ``K`` token ids most frequent in the training stream (ties to the lower id), sorted: the rows of a
+    shortlist draft head. Needs the model's tokenizer (a LoadedModel); ``K`` at least the head's rows means
+    every row."""
+    from ..corpus import token_counts
+
+    tok = getattr(lm, "tokenizer", None)
+    if tok is None:
+        raise ValueError("a shortlist draft head counts token frequencies with the model's tokenizer: pass the "
+                         "LoadedModel (earlyexit.engine.models.load_model), not a bare model")
+    V = A.head.weight.shape[0]
+    counts = token_counts(tok)[:V]
+    order = torch.sort(-counts, stable=True).indices[: min(K, V)]
+    return torch.sort(order).values
+
+
 def check_draft(L: int, exit_layer, draft_len) -> None:
     if not isinstance(exit_layer, int) or isinstance(exit_layer, bool) or not 1 <= exit_layer <= L - 1:
         raise ValueError(f"exit_layer E must be an int in [1, {L - 1}] (L = {L}), got {exit_layer!r}")
@@ -57,8 +73,14 @@ def check_draft(L: int, exit_layer, draft_len) -> None:
 
 @torch.inference_mode()
 def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_layer: int, draft_len: int, *,
-                     eos_set: set, progress: bool = False) -> SpecRun:
-    """Greedy self-speculative decoding of one (checked) prompt; see the module docstring."""
+                     eos_set: set, progress: bool = False, shortlist: torch.Tensor | None = None,
+                     confidence: float = 0.0) -> SpecRun:
+    """Greedy self-speculative decoding of one (checked) prompt; see the module docstring.
+
+    ``shortlist`` (token ids): drafts are the argmax over these rows of the head only (FR-Spec), tallied as
+    ``head:draft_short:1``; verification reads the full head, so the output stays the full model's.
+    ``confidence`` > 0: a round stops drafting after a draft whose probability (softmax over the rows the
+    draft read) is below it, so rounds draft between 1 and ``draft_len`` tokens."""
     L = A.L
     P = len(prompt)
     cap = P + max_new_tokens + draft_len + 1
@@ -74,6 +96,17 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
         for l in layers:
             h = eng.layer(l, h, row, cols_t if len(cols) > 1 else cols[0], cos, sin, COMPUTED, audit=False)
         return h
+
+    if shortlist is not None:
+        ids_short = torch.as_tensor(shortlist, dtype=torch.long, device=dev)
+        W_short = A.head.weight.index_select(0, ids_short).contiguous()   # K x D: the draft head's rows
+        b_short = A.head.bias.index_select(0, ids_short) if A.head.bias is not None else None
+
+    def draft_logits(hE):
+        if shortlist is None:
+            return eng.head(hE, "draft")
+        eng.tally(f"head:draft_short:{hE.shape[0]}")
+        return torch.nn.functional.linear(A.norm(hE), W_short, b_short)
 
     t0 = now(dev)
     h = run(range(L), A.embed(torch.tensor([prompt], device=dev)), list(range(P)))
@@ -92,22 +125,27 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
         for i in range(d):
             hE = run(range(E), A.embed(torch.tensor([[tok]], device=dev)), [c + i])
             h_exit.append(hE)
-            tok = int(eng.head(hE[:, -1], "draft").argmax(-1))
+            logits = draft_logits(hE[:, -1])
+            j = int(logits.argmax(-1))
+            tok = int(ids_short[j]) if shortlist is not None else j
             drafts.append(tok)
-        # 2. verify: y_d through the lower layers, then all d+1 columns through the upper layers
-        h_exit.append(run(range(E), A.embed(torch.tensor([[drafts[-1]]], device=dev)), [c + d]))
-        hv = run(range(E, L), torch.cat(h_exit, dim=1), list(range(c, c + d + 1)))
+            if confidence > 0 and float(torch.softmax(logits.float(), -1)[0, j]) < confidence:
+                break
+        k = len(drafts)          # drafted this round (d, or fewer when the confidence fell)
+        # 2. verify: y_k through the lower layers, then all k+1 columns through the upper layers
+        h_exit.append(run(range(E), A.embed(torch.tensor([[drafts[-1]]], device=dev)), [c + k]))
+        hv = run(range(E, L), torch.cat(h_exit, dim=1), list(range(c, c + k + 1)))
         z = eng.head(hv[0], "verify").argmax(-1).tolist()     # z[i] = full prediction after column c+i
         # 3. accept
         a = 0
-        while a < d and drafts[a] == z[a]:
+        while a < k and drafts[a] == z[a]:
             a += 1
         new = drafts[:a] + [z[a]]
         sp.round_start.append(len(out))
-        sp.drafted.append(d)
+        sp.drafted.append(k)
         sp.accepted.append(a)
-        sp.layers.append((d + 1) * E + (d + 1) * (L - E))
-        sp.heads.append(d + (d + 1))
+        sp.layers.append((k + 1) * E + (k + 1) * (L - E))
+        sp.heads.append(k + (k + 1))
         eng.cache.truncate(c + a + 1)
         c += a + 1
         for t in new:
