@@ -185,6 +185,10 @@ SELF_SPECULATIVE = register(
         peer=Param(bool, True, "also time transformers' generate(assistant_early_exit=E) at every point"),
         strategy_thresholds=Param(list, [0.9, 0.99], "thresholds of the cache strategies re-run on the trained "
                                   "model", item=float, range=(1e-6, 1.0)),
+        shortlist=Param(int, 8192, "rows of the shortlist draft head: the most frequent tokens of the training "
+                        "stream (0: the full vocabulary)", range=(0, 10_000_000)),
+        draft_confidence=Param(float, 0.5, "adaptive draft length: a round stops drafting after a draft whose "
+                               "probability is below this", range=(1e-6, 0.999999)),
     ),
 )
 

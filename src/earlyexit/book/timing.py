@@ -86,14 +86,18 @@ def time_replay(lm, es: EvalSet, n_new: int, df: pd.DataFrame, strategy: str, re
     return out
 
 
-def spec_params(es: EvalSet, n_new: int, exit_layer: int, draft_len: int, repeats: int, peer: bool) -> dict:
+def spec_params(es: EvalSet, n_new: int, exit_layer: int, draft_len: int, repeats: int, peer: bool,
+                draft: dict | None = None) -> dict:
     """The result-cache parameters of :func:`spec_point` (also used to ask whether an entry exists)."""
-    return {"prompts": es.spec, "n_new": n_new, "E": int(exit_layer), "d": int(draft_len), "repeats": repeats,
-            "peer": peer, "threads": torch.get_num_threads()}
+    p = {"prompts": es.spec, "n_new": n_new, "E": int(exit_layer), "d": int(draft_len), "repeats": repeats,
+         "peer": peer, "threads": torch.get_num_threads()}
+    if draft:  # drafting options (shortlist, confidence); absent for plain drafts, whose keys stay as they were
+        p["draft"] = dict(sorted(draft.items()))
+    return p
 
 
 def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, repeats: int = 1,
-               peer: bool = True) -> pd.DataFrame:
+               peer: bool = True, **draft) -> pd.DataFrame:
     """LayerSkip self-speculative decoding at (E, d) on every prompt of ``es`` (cached), timed side by side
     with full-depth decoding (this engine) and, if ``peer``, with transformers'
     ``generate(assistant_early_exit=E)`` at the same draft length: for each prompt and repeat the three run
@@ -103,8 +107,12 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
     all three), ``speedup`` (full_s / spec_s), ``vs_hf`` (hf_s / spec_s), ``lossless`` (our tokens equal
     full depth's), ``hf_lossless``, ``acceptance`` (accepted / drafted), ``rounds``, ``tokens_per_round``,
     ``layers`` (decoder-layer evaluations per decoding step, draft + verify, prompt pass excluded as for
-    every other method), ``heads`` (head evaluations per decoding step)."""
-    spec, hf = DecodeConfig.self_speculation(exit_layer, draft_len), DecodeConfig.hf_assistant(exit_layer, draft_len)
+    every other method), ``heads`` (head evaluations per decoding step). ``draft``: drafting options of
+    :meth:`DecodeConfig.self_speculation` (``shortlist=K``, ``confidence=c``) for our decoder; the peer keeps
+    its plain drafts."""
+    draft = {k: v for k, v in draft.items() if v}
+    spec = DecodeConfig.self_speculation(exit_layer, draft_len, **draft)
+    hf = DecodeConfig.hf_assistant(exit_layer, draft_len)
 
     def compute():
         rows = []
@@ -117,7 +125,8 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
             ref = got["full"][1].sequences()[0]
             sp = got["spec"][1]
             n = int(sp.n_new[0])
-            rows.append({"prompt": b, "E": exit_layer, "d": draft_len, "n_new": n,
+            rows.append({"prompt": b, "E": exit_layer, "d": draft_len, "K": int(draft.get("shortlist", 0)),
+                         "confidence": float(draft.get("confidence", 0.0)), "n_new": n,
                          "full_s": got["full"][0], "spec_s": got["spec"][0],
                          "hf_s": got["hf"][0] if peer else float("nan"),
                          "lossless": bool(sp.sequences()[0] == ref),
@@ -131,7 +140,11 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
                          "spec_calls": calls_json(sp.meta["calls"])})
         return rows
 
-    df = store.cached("spec_point", spec_params(es, n_new, exit_layer, draft_len, repeats, peer), compute, model=lm)
+    df = store.cached("spec_point", spec_params(es, n_new, exit_layer, draft_len, repeats, peer, draft), compute,
+                      model=lm)
+    if "K" not in df.columns:  # entries made before the drafting options
+        df.insert(3, "K", 0)
+        df.insert(4, "confidence", 0.0)
     df["speedup"] = df["full_s"] / df["spec_s"]
     df["vs_hf"] = df["hf_s"] / df["spec_s"]
     df["full_tok_s"] = df["n_new"] / df["full_s"]
