@@ -22,3 +22,9 @@ def test_early_exit_benchmark_prints_ratios_and_the_goal():
     out = run("benchmarks/bench_early_exit.py", "--profile", "smoke", "--prompts", "1", "--tokens", "4", "--reps", "1",
               "--thresholds", "0.5")
     assert "classifier 0.5 / lazy-recompute" in out and "goal:" in out
+
+
+def test_selfspec_benchmark_prints_ours_the_peer_and_the_goal():
+    out = run("benchmarks/bench_selfspec.py", "--profile", "smoke", "--prompts", "1", "--tokens", "6", "--reps", "1",
+              "--shortlist", "512", "--exit-layer", "3")
+    assert "K=512" in out and "HF assistant_early_exit" in out and "goal:" in out

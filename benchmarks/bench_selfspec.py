@@ -1,0 +1,83 @@
+"""Self-speculative decoding against full depth and transformers' peer at batch 1, side by side in one run.
+
+On the LayerSkip-trained model of the profile's chapter 6, each configuration decodes the same prompts one at a
+time, interleaved with full-depth decoding of the same prompt (alternating which goes first), after a
+warm-up: our self-speculation with the full draft head, with the shortlist head (FR-Spec), with adaptive draft
+length, and transformers' ``generate(assistant_early_exit=E)`` at the same (E, d). It prints the median
+tokens/s of each, its ratio to full depth, acceptance, and whether every output equals full depth's. The goals
+it checks (issue "self-speculation that pays"): ours at least 1.0x full depth (1.5x the target) and at least
+1.3x the transformers peer.
+
+    python benchmarks/bench_selfspec.py [--profile cpu] [--exit-layer 25] [--draft 2] [--shortlist 8192] [--prompts 4]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from earlyexit.book import prompts, runner, trained
+from earlyexit.engine import DecodeConfig, decode
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--exit-layer", type=int, default=None, help="draft depth E (default: the profile's middle one)")
+    ap.add_argument("--draft", type=int, default=2, help="draft length d")
+    ap.add_argument("--shortlist", type=int, default=8192, help="rows of the shortlist draft head")
+    ap.add_argument("--confidence", type=float, default=0.5, help="adaptive draft length's confidence")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    P = runner.load_profile(a.profile).parameters("07_self_speculative")
+    lm = trained.load_trained(P, "layerskip")
+    L = lm.num_layers
+    E = a.exit_layer or sorted(P["exit_layers"])[len(P["exit_layers"]) // 2]
+    if not 1 <= E < L:
+        raise SystemExit(f"error: --exit-layer must be in [1, {L - 1}] for this model, got {E}")
+    es = prompts.eval_set(lm, P["prompt_kind"], a.prompts, P["seed"] + 11, P["max_prompt_tokens"])
+    d, N = a.draft, a.tokens
+    SS = DecodeConfig.self_speculation
+    methods = {f"self-spec E={E} d={d}": SS(E, d),
+               f"self-spec E={E} d={d} K={a.shortlist}": SS(E, d, shortlist=a.shortlist),
+               f"self-spec E={E} d<={2 * d} c={a.confidence:g} K={a.shortlist}":
+                   SS(E, 2 * d, shortlist=a.shortlist, confidence=a.confidence),
+               f"HF assistant_early_exit E={E} d={d}": DecodeConfig.hf_assistant(E, d)}
+    full = DecodeConfig.full()
+    for cfg in (full, *methods.values()):                      # warm-up (and the shortlist's token counts)
+        decode(lm, [es.ids[0]], cfg, 4, stop_at_eos=False)
+    print(f"model={lm.spec} (trained) L={L} threads={torch.get_num_threads()} prompts={len(es)} tokens={N} "
+          f"reps={a.reps}")
+    print(f"{'method':<44} {'tok/s':>7} {'full':>7} {'ratio':>6} {'accept':>7} {'lossless':>9}")
+    speed = {}
+    for name, cfg in methods.items():
+        t_m, t_f, acc, same = [], [], [], 0
+        for r in range(a.reps):
+            for ids in es.ids:
+                runs = [("m", cfg), ("f", full)] if r % 2 == 0 else [("f", full), ("m", cfg)]
+                got = {k: decode(lm, [ids], c, N, stop_at_eos=False) for k, c in runs}
+                t_m.append(got["m"].wall_s)
+                t_f.append(got["f"].wall_s)
+                if r == 0:
+                    same += got["m"].sequences()[0] == got["f"].sequences()[0]
+                    acc.append(got["m"].acceptance)
+        tm, tf = N / statistics.median(t_m), N / statistics.median(t_f)
+        speed[name] = tm / tf
+        a_ = statistics.mean(acc) if all(x == x for x in acc) else float("nan")
+        print(f"{name:<44} {tm:7.1f} {tf:7.1f} {tm / tf:5.2f}x {a_:7.0%} {same:>4}/{len(es):<4}")
+    ours = {k: v for k, v in speed.items() if k.startswith("self-spec")}
+    best = max(ours, key=ours.get)
+    hf = speed[f"HF assistant_early_exit E={E} d={d}"]
+    verdict = ("meets the 1.5x target" if ours[best] >= 1.5 else "at least full depth, short of 1.5x"
+               if ours[best] >= 1.0 else f"misses 1.0x by {1 - ours[best]:.0%}")
+    print(f"goal: best ours is {best} at {ours[best]:.2f}x full depth ({verdict}); "
+          f"{ours[best] / hf:.2f}x the transformers peer (goal 1.3x: {'met' if ours[best] / hf >= 1.3 else 'missed'})")
+
+
+if __name__ == "__main__":
+    main()
