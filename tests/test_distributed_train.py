@@ -30,15 +30,15 @@ SCRIPT = textwrap.dedent("""
     from earlyexit.training.recipe import TrainConfig
     torch.set_num_threads(1)
     w = world()
-    h = train(tiny(seed=0), blocks_fn(4, 12), TrainConfig(**{cfg!r}), {out!r}, progress=False)
+    h = train(tiny(seed=0), blocks_fn(4, 12), TrainConfig(**{cfg!r}), {out!r}, progress=False, parallel={mode!r})
     if w.main:
         json.dump({{"loss": h["loss"], "final_ce": h["final_ce"], "size": w.size}}, open({out!r} + ".json", "w"))
 """)
 
 
-def _torchrun(tmp_path, out, n=2):
+def _torchrun(tmp_path, out, mode="ddp", n=2):
     script = tmp_path / "run.py"
-    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent), cfg=CFG, out=str(out)))
+    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent), cfg=CFG, out=str(out), mode=mode))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
                         "--standalone", str(script)], capture_output=True, text=True, env=env, timeout=600)
@@ -51,14 +51,18 @@ def test_a_plain_process_is_rank_0_of_1_and_rows_split_evenly():
     assert World(1, 2).rows(4) == (2, 4)
     with pytest.raises(ValueError, match="multiple of 3"):
         World(0, 3).rows(4)
+    with pytest.raises(ValueError, match="parallel must be one of ddp, fsdp"):
+        train(tiny(seed=0), blocks_fn(4, 12), __import__("earlyexit.training.recipe", fromlist=["x"]).TrainConfig(**CFG),
+              None, progress=False, parallel="zero3")
 
 
-def test_two_processes_follow_the_one_process_loss_curve_and_resume(tmp_path):
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_processes_follow_the_one_process_loss_curve_and_resume(tmp_path, mode):
     from earlyexit.training.recipe import TrainConfig
 
     torch.set_num_threads(1)
     one = train(tiny(seed=0), blocks_fn(4, 12), TrainConfig(**CFG), tmp_path / "one", progress=False)
-    two = _torchrun(tmp_path, tmp_path / "two")
+    two = _torchrun(tmp_path, tmp_path / "two", mode)
     assert two["size"] == 2
     assert len(two["loss"]) == CFG["steps"]
     assert max(abs(a - b) for a, b in zip(one["loss"], two["loss"])) < 1e-4
@@ -71,5 +75,11 @@ def test_two_processes_follow_the_one_process_loss_curve_and_resume(tmp_path):
 
     shutil.rmtree(tmp_path / "two" / "step_00000004")
     assert latest_checkpoint(tmp_path / "two").name == "step_00000002"
-    again = _torchrun(tmp_path, tmp_path / "two")
+    again = _torchrun(tmp_path, tmp_path / "two", mode)
     assert max(abs(a - b) for a, b in zip(one["loss"], again["loss"])) < 1e-4
+    # the checkpoint holds the full weights, whichever way they were spread over the processes
+    from safetensors.torch import load_file
+
+    w1 = load_file(str(tmp_path / "one" / "step_00000004" / "model.safetensors"))
+    w2 = load_file(str(tmp_path / "two" / "step_00000004" / "model.safetensors"))
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-4

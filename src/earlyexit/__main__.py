@@ -38,10 +38,14 @@ def _train(argv) -> int:
     ap = argparse.ArgumentParser(prog="python -m earlyexit train",
                                  description="Build (or resume) the checkpoints chapter 6 trains under a profile; "
                                              "finished ones are reused. Runs unchanged under "
-                                             "`torchrun --nproc_per_node N -m earlyexit train` (DDP: the same "
-                                             "global batch, data order and layer-dropout draws; rank 0 writes).")
+                                             "`torchrun --nproc_per_node N -m earlyexit train` (DDP or FSDP: the "
+                                             "same global batch, data order and layer-dropout draws; rank 0 "
+                                             "writes).")
     ap.add_argument("--profile", default="cpu", help="profile name (profiles/<name>.yml)")
     ap.add_argument("--device", default=None, help="override the profile's device (cpu, cuda, auto)")
+    ap.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp"),
+                    help="under torchrun: replicate the model (ddp) or shard it (fsdp, for models that do not fit "
+                         "one device)")
     args = ap.parse_args(argv)
     try:
         recipes = trained.recipes_for_profile(args.profile)
@@ -53,7 +57,7 @@ def _train(argv) -> int:
 
     w = distributed.world(device)  # under torchrun: this rank (the processes train together, rank 0 writes)
     for name, r in recipes.items():
-        run = checkpoints.ensure(r, device=device, progress=w.main)
+        run = checkpoints.ensure(r, device=device, progress=w.main, parallel=args.parallel)
         if w.main:
             print(f"{name}: {run.checkpoint} ({'trained now' if run.trained_now else 'reused'}, "
                   f"{len(run.history['step'])} steps, {run.seconds:.0f} s of training)")

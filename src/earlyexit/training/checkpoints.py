@@ -151,10 +151,12 @@ def is_complete(recipe: Recipe, root: Path | None = None) -> bool:
     return ck is not None and int(json.loads((ck / "train_meta.json").read_text())["step"]) >= recipe.cfg.steps
 
 
-def ensure(recipe: Recipe, device: str = "cpu", progress: bool = True, root: Path | None = None) -> Run:
+def ensure(recipe: Recipe, device: str = "cpu", progress: bool = True, root: Path | None = None,
+           parallel: str = "ddp") -> Run:
     """The finished checkpoint of ``recipe``: reused if complete, else trained (resuming a partial run).
 
-    Under ``torchrun`` every process calls this; they train together (DDP) and rank 0 writes."""
+    Under ``torchrun`` every process calls this; they train together (``parallel``: "ddp" or "fsdp") and rank 0
+    writes."""
     d = recipe.directory(root)
     if is_complete(recipe, root):
         ck = latest_checkpoint(d)
@@ -167,7 +169,7 @@ def ensure(recipe: Recipe, device: str = "cpu", progress: bool = True, root: Pat
     if w.main:
         (d / "recipe.json").write_text(json.dumps({"base": recipe.base, "data_seed": recipe.data_seed,
                                                    "config": asdict(recipe.cfg), "key": recipe.key()}, indent=1))
-    history = train(lm.model, batches, recipe.cfg, checkpoint_dir=d, progress=progress)
+    history = train(lm.model, batches, recipe.cfg, checkpoint_dir=d, progress=progress, parallel=parallel)
     return Run(recipe, latest_checkpoint(d), history, True)
 
 

@@ -5,7 +5,8 @@ The recipe stays the same whatever the number of processes: every rank reads the
 seeded generator, and keeps its own contiguous slice of rows. :class:`Objective` wraps the early-exit loss in a
 module so that :class:`~torch.nn.parallel.DistributedDataParallel` averages the gradients; the rows are split
 evenly, so the average of the ranks' mean losses is the global batch's mean loss, and the optimizer steps are
-those of one process (up to the order of floating-point sums). Only rank 0 writes checkpoints.
+those of one process (up to the order of floating-point sums). Only rank 0 writes checkpoints. With ``parallel="fsdp"`` (FSDP2) the parameters are sharded
+instead of replicated; a checkpoint then gathers the full weights and optimizer state (rank 0 writes them).
 
 Under ``torchrun`` the process group is made from the environment it sets (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``): gloo on CPUs, NCCL on GPUs. In a plain process nothing here starts a process group.
@@ -98,15 +99,64 @@ class Objective(torch.nn.Module):
                                checkpoint_head=checkpoint_head, rows=rows)
 
 
+PARALLEL = ("ddp", "fsdp")
+
+
 def wrap(model, w: World, mode: str = "ddp"):
-    """The objective to call in the training loop: plain in one process, under DDP with several."""
+    """The objective to call in the training loop: plain in one process; with several, under DDP (``"ddp"``:
+    every rank holds the whole model, gradients are averaged) or FSDP2 (``"fsdp"``: parameters, gradients and
+    optimizer state are sharded over the ranks, each decoder layer gathered for its own forward and backward;
+    for models that do not fit one device)."""
+    if mode not in PARALLEL:
+        raise ValueError(f"parallel mode {mode!r} is not available; valid: {', '.join(PARALLEL)}")
     obj = Objective(model)
     if w.size == 1:
         return obj
-    if mode != "ddp":
-        raise ValueError(f"parallel mode {mode!r} is not available; valid: 'ddp'")
+    if mode == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        from ..engine.adapter import adapter
+
+        for layer in adapter(model).layers:
+            fully_shard(layer)
+        fully_shard(obj)          # the rest (embeddings, final norm, head) as one unit around the objective
+        return obj
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dev = next(model.parameters()).device
-    # layer dropout leaves some layers without a gradient on some ranks in some steps
-    return DDP(obj, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=True)
+    # every layer runs on every rank in every step (forward_layers with rows), so every parameter has a gradient
+    return DDP(obj, device_ids=[dev.index] if dev.type == "cuda" else None)
+
+
+def optimizer_format(w: World, mode: str) -> str:
+    """How a checkpoint's optimizer state is laid out: "fsdp" (full state dict by parameter name) when FSDP
+    sharded it, else "ddp" (``optimizer.state_dict()``, the same as one process)."""
+    return "fsdp" if (mode == "fsdp" and w.size > 1) else "ddp"
+
+
+def _fsdp_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state(objective, model, opt, w: World, mode: str) -> tuple[dict | None, dict]:
+    """The model's weights (None: read them from ``model``) and the optimizer state to write in a checkpoint.
+    Under FSDP every rank must call this (the shards are gathered); rank 0 gets the full tensors."""
+    if optimizer_format(w, mode) != "fsdp":
+        return None, opt.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    sd = get_model_state_dict(objective, options=_fsdp_options())
+    weights = {k.removeprefix("model."): v for k, v in sd.items()}
+    return weights, get_optimizer_state_dict(objective, opt, options=_fsdp_options())
+
+
+def load_optimizer(objective, opt, state: dict, w: World, mode: str) -> None:
+    """Load a checkpoint's optimizer state (as :func:`full_state` wrote it) into ``opt``."""
+    if optimizer_format(w, mode) != "fsdp":
+        opt.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(objective, opt, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))

@@ -87,7 +87,14 @@ def forward_layers(model, input_ids: torch.Tensor, collect: Iterable[int] | None
             h_kept = layer(h.index_select(0, idx), attention_mask=sub_mask, position_ids=position_ids,
                            position_embeddings=cos_sin)
             h = h.index_copy(0, idx, h_kept)
-        # n_keep == 0: the whole batch skips this layer
+        elif rows is not None:
+            # n_keep == 0 in one process's share: the layer still runs (on one row, its output weighted by
+            # zero, so h is unchanged) because every process must take part in the layer's collective
+            # operations (DDP's gradient average, FSDP's gathers), whatever rows its own share keeps
+            m1 = mask[:1] if isinstance(mask, torch.Tensor) and mask.shape[0] == B and B > 1 else mask
+            ghost = layer(h[:1], attention_mask=m1, position_ids=position_ids, position_embeddings=cos_sin)
+            h = h + 0.0 * (ghost[0] if isinstance(ghost, tuple) else ghost).sum()
+        # otherwise (n_keep == 0 in one process) the whole batch skips this layer
         if isinstance(h, tuple):  # older decoder layers return (hidden_states, ...)
             h = h[0]
         if l in want:

@@ -42,7 +42,7 @@ def latest_checkpoint(checkpoint_dir: os.PathLike | None) -> Path | None:
     return found[-1][1] if found else None
 
 
-def _save_weights(model, directory: Path) -> None:
+def _save_weights(model, directory: Path, weights: dict | None = None) -> None:
     """``model.safetensors`` + ``config.json``, loadable by ``from_pretrained``.
 
     Not ``save_pretrained``: it refuses models still carrying a quantizer (a GGUF loaded with
@@ -55,7 +55,7 @@ def _save_weights(model, directory: Path) -> None:
     from safetensors.torch import save_file
 
     out, seen = {}, set()
-    for k, v in model.state_dict().items():
+    for k, v in (model.state_dict() if weights is None else weights).items():
         key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
         if key in seen:
             continue
@@ -68,14 +68,16 @@ def _save_weights(model, directory: Path) -> None:
     config.save_pretrained(directory)
 
 
-def _save_checkpoint(checkpoint_dir: Path, model, opt, gen: torch.Generator, step: int,
-                     cfg: TrainConfig, history: dict) -> Path:
+def _save_checkpoint(checkpoint_dir: Path, model, weights: dict, opt_state: dict, opt_format: str,
+                     gen: torch.Generator, step: int, cfg: TrainConfig, history: dict) -> Path:
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir / f"step_{step:08d}"
     with atomic_dir(final, prefix=".tmp_step_") as tmp:
-        _save_weights(model, tmp)
-        state = {"step": step, "optimizer": opt.state_dict(), "dropout_rng": gen.get_state(),
+        _save_weights(model, tmp, weights)
+        state = {"step": step, "optimizer": opt_state, "dropout_rng": gen.get_state(),
                  "torch_rng": torch.get_rng_state()}
+        if opt_format != "ddp":
+            state["parallel"] = opt_format
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
         torch.save(state, tmp / "train_state.pt")
@@ -125,7 +127,7 @@ def _param_groups(model, cfg: TrainConfig) -> list[dict]:
 
 
 def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
-          checkpoint_dir: os.PathLike | None = None, progress: bool = True) -> dict:
+          checkpoint_dir: os.PathLike | None = None, progress: bool = True, parallel: str = "ddp") -> dict:
     """Train ``model`` in place with the LayerSkip recipe (or the plain baseline if ``cfg.recipe`` is False).
 
     ``blocks(step)`` must return the batch of ``step`` deterministically: a LongTensor
@@ -141,7 +143,13 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
     Returns the history: lists ``step``, ``loss`` (weighted J), ``final_ce`` (last layer's CE), ``lr``,
     ``n_exits`` (layers with a loss), ``seconds``; and ``layer_ce``: one ``{layer: CE}`` dict a step.
     The model is left in the train/eval mode it came in.
+
+    Under ``torchrun`` the processes train together (:mod:`earlyexit.training.distributed`): ``parallel``
+    ``"ddp"`` replicates the model, ``"fsdp"`` shards it (FSDP2: each decoder layer its own unit). Either way
+    the steps are those of one process; rank 0 writes the checkpoints.
     """
+    if parallel not in dist_.PARALLEL:
+        raise ValueError(f"parallel must be one of {', '.join(dist_.PARALLEL)}, got {parallel!r}")
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
     if not callable(blocks):
@@ -156,15 +164,13 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
     torch.manual_seed(cfg.seed)
     gen = torch.Generator(device="cpu")
     gen.manual_seed(cfg.seed)
-    # fused AdamW: one kernel over all tensors; on 2 CPU cores ~6x faster than foreach for 135M params
-    fused = device.type in ("cpu", "cuda") and all(p.dtype.is_floating_point for p in model.parameters())
-    opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
-                            fused=fused or None)
+    groups = _param_groups(model, cfg)          # also freezes what the recipe does not train
     history = {"step": [], "loss": [], "final_ce": [], "lr": [], "n_exits": [], "seconds": [], "layer_ce": []}
     start = 0
 
     ckdir = Path(checkpoint_dir) if checkpoint_dir is not None else None
     ck = latest_checkpoint(ckdir)
+    state = None
     if ck is not None:
         meta = json.loads((ck / "train_meta.json").read_text())
         saved, now = meta["config"], json.loads(json.dumps(asdict(cfg)))
@@ -172,18 +178,29 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
         if diff:
             raise ValueError(f"checkpoint {ck} was written with a different config ({', '.join(diff)}); "
                              f"use another checkpoint_dir or the same TrainConfig")
-        load_checkpoint_weights(model, ck)
         state = torch.load(ck / "train_state.pt", weights_only=True, map_location="cpu")
-        opt.load_state_dict(state["optimizer"])
-        gen.set_state(state["dropout_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        if "cuda_rng" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        if state.get("parallel", "ddp") != dist_.optimizer_format(w, parallel):
+            raise ValueError(f"checkpoint {ck} holds {state.get('parallel', 'ddp')} optimizer state; resume it with "
+                             f"parallel={state.get('parallel', 'ddp')!r}")
+        load_checkpoint_weights(model, ck)
         start = int(state["step"])
         history = meta["history"]
         history["layer_ce"] = [{int(k): v for k, v in d.items()} for d in history["layer_ce"]]
 
-    objective = dist_.wrap(model, w)
+    objective = dist_.wrap(model, w, parallel)
+    if parallel == "fsdp" and w.size > 1:
+        groups = _param_groups(model, cfg)      # the sharded parameters replace the plain ones
+    # fused AdamW: one kernel over all tensors; on 2 CPU cores ~6x faster than foreach for 135M params
+    fused = device.type in ("cpu", "cuda") and all(p.dtype.is_floating_point for p in model.parameters()) \
+        and not (parallel == "fsdp" and w.size > 1)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=fused or None)
+    if state is not None:
+        dist_.load_optimizer(objective, opt, state["optimizer"], w, parallel)
+        gen.set_state(state["dropout_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+
     was_training = model.training
     use_amp = cfg.amp and device.type == "cuda"
     bar = None
@@ -232,8 +249,10 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
             done = step + 1
             if ckdir is not None and (done == cfg.steps or (cfg.checkpoint_every and
                                                             done % cfg.checkpoint_every == 0)):
+                weights, opt_state = dist_.full_state(objective, model, opt, w, parallel)  # every rank gathers
                 if w.main:  # one writer; the others wait until the checkpoint is in place
-                    _save_checkpoint(ckdir, model, opt, gen, done, cfg, history)
+                    _save_checkpoint(ckdir, model, weights, opt_state, dist_.optimizer_format(w, parallel), gen,
+                                     done, cfg, history)
                 dist_.barrier(w)
     finally:
         if bar is not None:
