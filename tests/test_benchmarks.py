@@ -28,3 +28,9 @@ def test_selfspec_benchmark_prints_ours_the_peer_and_the_goal():
     out = run("benchmarks/bench_selfspec.py", "--profile", "smoke", "--prompts", "1", "--tokens", "6", "--reps", "1",
               "--shortlist", "512", "--exit-layer", "3")
     assert "K=512" in out and "HF assistant_early_exit" in out and "goal:" in out
+
+
+def test_threads_benchmark_prints_quiet_and_contended():
+    out = run("benchmarks/bench_threads.py", "--profile", "smoke", "--threads", "1", "--tokens", "4", "--steps", "1",
+              "--reps", "1")
+    assert "quiet" in out and "one busy process" in out and "best under" in out
