@@ -188,11 +188,12 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
         history["layer_ce"] = [{int(k): v for k, v in d.items()} for d in history["layer_ce"]]
 
     objective = dist_.wrap(model, w, parallel)
-    if parallel == "fsdp" and w.size > 1:
+    sharded = dist_.optimizer_format(w, parallel) == "fsdp"
+    if sharded:
         groups = _param_groups(model, cfg)      # the sharded parameters replace the plain ones
     # fused AdamW: one kernel over all tensors; on 2 CPU cores ~6x faster than foreach for 135M params
     fused = device.type in ("cpu", "cuda") and all(p.dtype.is_floating_point for p in model.parameters()) \
-        and not (parallel == "fsdp" and w.size > 1)
+        and not sharded
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=fused or None)
     if state is not None:
         dist_.load_optimizer(objective, opt, state["optimizer"], w, parallel)
