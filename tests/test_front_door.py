@@ -116,3 +116,23 @@ def test_decode_checks_before_compute():
         decode(m, [[5, 6]], DecodeConfig.self_speculation(2, 2), 4, return_kv=True)
     with pytest.raises(ValueError, match="context"):
         decode(m, [[5] * 2040], DecodeConfig.full(), 16)
+
+
+def test_the_recorded_build_before_the_change_can_be_compared_with(tmp_path):
+    """scripts/compare-glued reads the glued values recorded from the cpu build before the architecture change
+    (chapters 2-8) and compares a build's executed chapters with them; a chapter not executed is named."""
+    import json
+    import subprocess
+    import sys
+
+    nb = {"cells": [{"cell_type": "code", "outputs": [
+        {"output_type": "display_data", "metadata": {"scrapbook": {"name": "n_prompts", "mime_prefix": "x/"}},
+         "data": {"x/text/plain": "12"}},
+        {"output_type": "display_data", "metadata": {"scrapbook": {"name": "tps_full", "mime_prefix": "x/"}},
+         "data": {"x/text/plain": "1.0"}}]}]}
+    (tmp_path / "04_lazy_recompute.ipynb").write_text(json.dumps(nb))
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "scripts/compare-glued"), "--generated", str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "02_naive_collapse: not executed here" in out
+    assert "04_lazy_recompute: 2 common, 1 identical, 1 differ (timing), 0 differ (other)" in out
