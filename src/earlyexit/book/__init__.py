@@ -7,3 +7,7 @@ bars are off inside notebooks anyway (:mod:`earlyexit.progress`).
 import warnings as _warnings
 
 _warnings.filterwarnings("ignore", message="IProgress not found")
+
+# The chapters' parameter schemas register themselves in params.SCHEMAS when book.schemas is imported; importing
+# it here (rather than from params, which schemas itself imports) fills the registry before any use, no circle.
+from . import schemas as _schemas  # noqa: E402,F401

@@ -237,8 +237,3 @@ def check(notebook: str, namespace: Mapping[str, Any]) -> Params:
         if k in schema.params or (isinstance(v, _PLAIN) and not isinstance(v, types.ModuleType)):
             values[k] = v
     return validate(schema, values)
-
-
-# The chapters' schemas register themselves on import (kept in their own module; imported last, so that
-# everything they use from here exists).
-from . import schemas  # noqa: E402,F401
