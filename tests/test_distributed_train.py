@@ -13,6 +13,7 @@ import torch
 
 from earlyexit.training.distributed import World, world
 from earlyexit.training.loop import latest_checkpoint, train
+from earlyexit.training.recipe import TrainConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import blocks_fn, tiny  # noqa: E402
@@ -52,14 +53,11 @@ def test_a_plain_process_is_rank_0_of_1_and_rows_split_evenly():
     with pytest.raises(ValueError, match="multiple of 3"):
         World(0, 3).rows(4)
     with pytest.raises(ValueError, match="parallel must be one of ddp, fsdp"):
-        train(tiny(seed=0), blocks_fn(4, 12), __import__("earlyexit.training.recipe", fromlist=["x"]).TrainConfig(**CFG),
-              None, progress=False, parallel="zero3")
+        train(tiny(seed=0), blocks_fn(4, 12), TrainConfig(**CFG), None, progress=False, parallel="zero3")
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_processes_follow_the_one_process_loss_curve_and_resume(tmp_path, mode):
-    from earlyexit.training.recipe import TrainConfig
-
     torch.set_num_threads(1)
     one = train(tiny(seed=0), blocks_fn(4, 12), TrainConfig(**CFG), tmp_path / "one", progress=False)
     two = _torchrun(tmp_path, tmp_path / "two", mode)

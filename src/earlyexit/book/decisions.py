@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..engine import DecodeConfig
 from . import points
+from .chapter import ci
 from .prompts import EvalSet
 
 RULES = ("softmax", "saturation", "classifier")
@@ -57,10 +58,6 @@ def table(lm, es: EvalSet, n_new: int, P, strategies, *, min_layer: int, classif
     return out.reset_index(drop=True)
 
 
-def _ci(m, lo, hi, fmt: str) -> str:
-    return f"{m:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
-
-
 def shown(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`table` as a chapter prints it: one readable row per (rule, strategy)."""
     name = {"softmax": "softmax (reads the head)", "saturation": "state saturation",
@@ -68,11 +65,9 @@ def shown(t: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "exit decision": [f"{name.get(r, r)} {t:g}" for r, t in zip(t["rule"], t["threshold"])],
         "cache": t["strategy"],
-        "consistency [95% CI]": [_ci(*v, ".2f") for v in zip(t["consistency"], t["consistency_lo"],
-                                                              t["consistency_hi"])],
-        "layers / token": [_ci(*v, ".1f") for v in zip(t["layers"], t["layers_lo"], t["layers_hi"])],
-        "head evaluations / token": [_ci(*v, ".1f") for v in zip(t["head_checks"], t["head_checks_lo"],
-                                                                 t["head_checks_hi"])],
+        "consistency [95% CI]": [ci(r, "consistency") for _, r in t.iterrows()],
+        "layers / token": [ci(r, "layers", "{:.1f}") for _, r in t.iterrows()],
+        "head evaluations / token": [ci(r, "head_checks", "{:.1f}") for _, r in t.iterrows()],
         "speed vs full depth": [f"{s:.2f}x" for s in t["speed"]],
     })
 
