@@ -15,7 +15,7 @@ def run(*args):
 
 def test_engine_benchmark_prints_the_ratio_and_the_bandwidth_ceiling():
     out = run("benchmarks/bench_engine.py", "--model", "tiny-llama", "--prompts", "1", "--tokens", "4", "--reps", "1")
-    assert "ratio engine/HF" in out and "of the ceiling" in out
+    assert "ratio engine/HF" in out and "of the ceiling" in out and "packed/module layout" in out
 
 
 def test_early_exit_benchmark_prints_ratios_and_the_goal():

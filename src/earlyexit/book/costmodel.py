@@ -69,7 +69,7 @@ def _median_time(fn, repeats: int, device=None) -> float:
 
 @torch.inference_mode()
 def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 64) -> list[dict]:
-    A = adapter(lm)
+    A = adapter(lm).for_inference()       # the layout the decoding front door uses
     L, D = A.L, A.config.hidden_size
 
     def _t(fn, reps):
@@ -94,14 +94,13 @@ def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 
 
         reps = repeats if k <= 64 else max(2, repeats // 4)
         rows.append({"unit": "layer", "size": k, "seconds": _t(all_layers, reps) / L})
-    W = A.head.weight
-    K = min(shortlist, W.shape[0])
-    Ws = W[:K].clone()
+    K = min(shortlist, A.head.weight.shape[0])
+    head_short = A.sub_head(torch.arange(K, device=A.device))
     for r in HEAD_ROWS:
         h = torch.randn(r, D, generator=g).to(A.device, A.dtype)
         rows.append({"unit": "head", "size": r, "seconds": _t(lambda h=h: A.logits(h), repeats)})
         rows.append({"unit": "head_short", "size": r,
-                     "seconds": _t(lambda h=h: torch.nn.functional.linear(A.norm(h), Ws), repeats)})
+                     "seconds": _t(lambda h=h: head_short(h), repeats)})
         lg = A.logits(h)
         rows.append({"unit": "decide", "size": r, "seconds": _t(
             lambda lg=lg: torch.softmax(lg.float(), dim=-1).max(dim=-1), repeats)})

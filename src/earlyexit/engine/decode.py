@@ -69,6 +69,7 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
     eos = cfg.eos_token_id if stop_at_eos else None
     eos_set = set(eos if isinstance(eos, (list, tuple)) else [eos]) if eos is not None else set()
 
+    A.for_inference()
     if config.method == "early-exit":
         rule = make_rule(config.rule, L, **config.args)
         rule.bind(A)

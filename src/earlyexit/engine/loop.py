@@ -113,7 +113,6 @@ class Engine:
     # -- running one layer for the current tokens, with the strategy's extra tokens batched in ------
     def run(self, l, h, rows, col, pos, cos, sin):
         extra = self.strategy.before_layer(self, l, rows)
-        self.count(rows, "layers_run", 1)
         if not extra:
             return self.layer(l, h, rows, col, cos, sin, COMPUTED)
         out = torch.empty_like(h)
@@ -146,7 +145,7 @@ class Engine:
         where = torch.arange(len(rows))      # position of each still-running row in the outputs
         plan = list(rule.plan(t))
         kept = []                             # hindsight rules: every layer's output, decided afterwards
-        for l in plan:
+        for i, l in enumerate(plan):        # layers_run is counted once per row: i + 1 at its exit, else len(plan)
             h_new = self.run(l, h, rows, col, pos, cos, sin)
             n = l + 1
             if rule.hindsight:
@@ -165,6 +164,7 @@ class Engine:
                     if lg is None:
                         self.count(er, "head_checks", 1)
                     exits[where[ex]] = n
+                    self.count(er, "layers_run", i + 1)
                     self.strategy.on_exit(self, er, n, h_new[ex], col, pos[ex])
                     keep = ~ex
                     rows, where, pos = rows[keep], where[keep], pos[keep]
@@ -174,6 +174,7 @@ class Engine:
             h = h_new
         for l in sorted(set(range(L)) - set(plan)):
             self.cache.maybe_masked[l] = True       # entries the plan left unwritten (never read: tested)
+        self.count(rows, "layers_run", len(plan))
         if rule.hindsight:
             return self._decide_in_hindsight(kept, rows, col, pos)
         out_logits[where] = self.head(h[:, -1], "out")

@@ -99,14 +99,13 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
 
     if shortlist is not None:
         ids_short = torch.as_tensor(shortlist, dtype=torch.long, device=dev)
-        W_short = A.head.weight.index_select(0, ids_short).contiguous()   # K x D: the draft head's rows
-        b_short = A.head.bias.index_select(0, ids_short) if A.head.bias is not None else None
+        head_short = A.sub_head(ids_short)        # the draft head: the shortlist's rows of the LM head
 
     def draft_logits(hE):
         if shortlist is None:
             return eng.head(hE, "draft")
         eng.tally(f"head:draft_short:{hE.shape[0]}")
-        return torch.nn.functional.linear(A.norm(hE), W_short, b_short)
+        return head_short(hE)
 
     t0 = now(dev)
     h = run(range(L), A.embed(torch.tensor([prompt], device=dev)), list(range(P)))
