@@ -121,3 +121,88 @@ def test_drafting_options_are_checked_and_plain_keys_do_not_change():
                     ({"temperature": 1}, "unknown drafting option")):
         with pytest.raises(ValueError, match=msg):
             DecodeConfig.self_speculation(25, 2, **kw)
+
+
+@pytest.mark.parametrize("E, skip, d", [(6, (2, 4), 3), (6, (5,), 2), (4, (2,), 4), (6, (3, 4, 5), 1)])
+def test_layer_skipping_drafts_stay_lossless_and_never_read_a_hole(model, monkeypatch, E, skip, d):
+    """A draft that leaves layers out (the whole model minus ``skip`` when E = L) is verified by the full model
+    from the lowest skipped layer up, over the shared cache: the output is the full model's; every layer a draft
+    token runs finds every earlier column written at that layer (no hole read), and the layer count charged per
+    round is what ran."""
+    from earlyexit.engine.cache import HOLE
+    from earlyexit.engine.loop import Engine
+
+    L = model.config.num_hidden_layers
+    assert E <= L
+    seen = []
+    orig = Engine.layer
+
+    def layer(self, l, h, rows, cols, *a, **k):
+        out = orig(self, l, h, rows, cols, *a, **k)
+        last = cols if isinstance(cols, int) else int(cols.max())
+        seen.append(bool((self.cache.state[l, 0, :last + 1] == HOLE).any()))
+        return out
+
+    monkeypatch.setattr(Engine, "layer", layer)
+    for seed in range(3):
+        ids = prompt(seed)
+        full = generate(model, [ids], 20, stop_at_eos=False).tokens[0].tolist()
+        seen.clear()
+        r = decode(model, ids, DecodeConfig.self_speculation(E, d, skip=skip), 20, stop_at_eos=False)
+        assert r.sequences()[0] == full
+        assert seen and not any(seen)
+        s0 = min(skip) - 1
+        per_round = int(r.counts["layers_run"][0, 1:].sum())
+        k = r.counts["drafted"][0]
+        rounds = int(r.rounds[0])
+        assert per_round == int(k.sum()) * (E - len(skip)) + rounds * s0 + int((k.sum() + rounds)) * (L - s0)
+
+
+def test_layer_skipping_options_are_checked(model):
+    L = model.config.num_hidden_layers
+    ids = prompt(0)
+    with pytest.raises(ValueError, match=r"exit_layer E must be an int in \[1, 5\]"):
+        decode(model, ids, DecodeConfig.self_speculation(L, 2), 8)                  # E = L needs skipped layers
+    with pytest.raises(ValueError, match=r"skipped layers must lie in \[1, 5\]"):
+        decode(model, ids, DecodeConfig.self_speculation(L, 2, skip=(6,)), 8)
+    with pytest.raises(ValueError, match="skip must be distinct layer numbers"):
+        DecodeConfig.self_speculation(L, 2, skip=(2, 2))
+    assert "skip 2 layers" in DecodeConfig.self_speculation(L, 2, skip=(2, 3)).label
+
+
+def test_choosing_layers_to_skip_is_greedy_and_measured_right(model):
+    """Each step drops the layer whose removal keeps most of the full model's next-token predictions; the
+    agreement it reports is what an independent forward pass with those layers left out gives."""
+    from earlyexit.engine.speculative import choose_skipped_layers
+    from earlyexit.engine.adapter import adapter
+
+    seqs = [prompt(s, 24) for s in range(3)]
+    path = choose_skipped_layers(model, seqs, 3)
+    assert [p["n_skip"] for p in path] == [0, 1, 2, 3] and path[0]["agreement"] == 1.0
+    for a, b in zip(path, path[1:]):
+        assert set(a["skip"]) < set(b["skip"])
+    A = adapter(model)
+    L = A.L
+
+    def agreement(skip):
+        with torch.inference_mode():
+            x = torch.tensor(seqs)
+            h = A.embed(x)
+            pos = torch.arange(x.shape[1])[None].expand_as(x)
+            cos, sin = A.rope(h, pos)
+            full = h
+            out = []
+            for keep in (range(L), [l for l in range(L) if l + 1 not in skip]):
+                h = full
+                for l in keep:   # HF's own decoder layer, causal: an independent forward pass
+                    h = A.layers[l](h, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin))
+                    h = h[0] if isinstance(h, tuple) else h
+                out.append(A.logits(h).argmax(-1))
+            return float((out[0] == out[1]).float().mean())
+
+    for p in path[1:]:
+        assert abs(agreement(p["skip"]) - p["agreement"]) < 1e-6, p
+    singles = {n: agreement((n,)) for n in range(2, L)}
+    assert path[1]["agreement"] == max(singles.values())
+    with pytest.raises(ValueError, match="n_skip must be an int in"):
+        choose_skipped_layers(model, seqs, 99)

@@ -80,7 +80,10 @@ class DecodeConfig:
         """LayerSkip's drafting from layer ``exit_layer``, ``draft_len`` tokens a round. ``shortlist=K`` drafts
         over the K tokens most frequent in the training stream (FR-Spec; verification keeps the full head, so
         the output is unchanged); ``confidence=c`` stops a round's drafting early once a draft's probability
-        (over the shortlist, if any) falls below c, so ``draft_len`` becomes the longest draft."""
+        (over the shortlist, if any) falls below c, so ``draft_len`` becomes the longest draft;
+        ``skip=(n, ...)`` leaves those layers (numbered 1..L) out of the draft as well (a layer-skipping draft,
+        Draft & Verify / SWIFT: with ``exit_layer = L`` the draft is the whole model minus the skipped layers,
+        read through the full head, and needs no training)."""
         return cls("self-speculation", "full", "naive-mask", tuple(draft_args.items()), exit_layer, draft_len)
 
     @classmethod
@@ -111,6 +114,8 @@ class DecodeConfig:
         if self.method == "self-speculation":
             kw = self.args
             extra = "".join(f" {n}={kw[k]:g}" for k, n in (("shortlist", "K"), ("confidence", "c")) if kw.get(k))
+            if kw.get("skip"):
+                extra += f" skip {len(kw['skip'])} layers"
             return f"self-spec E={self.exit_layer} d={self.draft_len}{extra}"
         if self.method == "hf-assistant":
             return f"hf assistant E={self.exit_layer} d={self.draft_len}"
@@ -134,7 +139,7 @@ class DecodeConfig:
         return key
 
 
-DRAFT_ARGS = ("shortlist", "confidence")
+DRAFT_ARGS = ("shortlist", "confidence", "skip")
 
 
 def _check_draft_args(method: str, args: dict) -> None:
@@ -146,6 +151,10 @@ def _check_draft_args(method: str, args: dict) -> None:
     k = args.get("shortlist", 0)
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         raise ValueError(f"shortlist must be an int >= 0 (0: the full vocabulary), got {k!r}")
+    sk = args.get("skip", ())
+    if not isinstance(sk, (tuple, list)) or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in sk) \
+            or len(set(sk)) != len(sk):
+        raise ValueError(f"skip must be distinct layer numbers >= 1 (1 = the first layer), got {sk!r}")
     c = args.get("confidence", 0.0)
     if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < 1.0:
         raise ValueError(f"confidence must be a number in [0, 1) (0: fixed draft length), got {c!r}")

@@ -88,8 +88,8 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
                                   ("return_kv", return_kv), ("flush", flush), ("audit_weights", audit_weights)) if v]
     if unsupported:
         raise ValueError(f"{', '.join(unsupported)} apply to early-exit decoding only, not to {config.method}")
-    check_draft(L, config.exit_layer, config.draft_len)
     draft_kw = config.args
+    check_draft(L, config.exit_layer, config.draft_len, tuple(draft_kw.get("skip", ())))
     if config.method == "hf-assistant" and draft_kw:
         raise ValueError(f"the transformers peer takes no drafting options, got {sorted(draft_kw)}")
     short = shortlist_ids(lm, A, draft_kw["shortlist"]) if draft_kw.get("shortlist") else None
@@ -104,7 +104,8 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
     for b, p in enumerate(prompts):
         if config.method == "self-speculation":
             sp = self_speculative(A, p, N, config.exit_layer, config.draft_len, eos_set=eos_set, progress=progress,
-                                  shortlist=short, confidence=float(draft_kw.get("confidence", 0.0)))
+                                  shortlist=short, confidence=float(draft_kw.get("confidence", 0.0)),
+                                  skip=tuple(draft_kw.get("skip", ())))
             toks, wall = sp.tokens, sp.wall_s
             for i, t in enumerate(sp.round_start):
                 counts["layers_run"][b, t] += sp.layers[i]

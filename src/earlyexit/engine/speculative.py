@@ -24,7 +24,7 @@ import torch
 
 from ..clock import now
 from ..progress import bar as progress_bar
-from .adapter import Adapter
+from .adapter import Adapter, adapter
 from .cache import COMPUTED
 from .loop import Engine
 from .fill import NaiveMask
@@ -64,27 +64,39 @@ def shortlist_ids(lm, A: Adapter, K: int) -> torch.Tensor:
     return torch.sort(order).values
 
 
-def check_draft(L: int, exit_layer, draft_len) -> None:
-    if not isinstance(exit_layer, int) or isinstance(exit_layer, bool) or not 1 <= exit_layer <= L - 1:
-        raise ValueError(f"exit_layer E must be an int in [1, {L - 1}] (L = {L}), got {exit_layer!r}")
+def check_draft(L: int, exit_layer, draft_len, skip=()) -> None:
+    top = L if skip else L - 1      # a draft must leave some layer out: above its exit, or skipped
+    if not isinstance(exit_layer, int) or isinstance(exit_layer, bool) or not 1 <= exit_layer <= top:
+        raise ValueError(f"exit_layer E must be an int in [1, {top}] (L = {L}"
+                         + (", E = L allowed with skipped layers" if skip else "") + f"), got {exit_layer!r}")
     if not isinstance(draft_len, int) or isinstance(draft_len, bool) or draft_len < 1:
         raise ValueError(f"draft_len must be an int >= 1, got {draft_len!r}")
+    if skip and not all(1 <= n < exit_layer for n in skip):
+        raise ValueError(f"skipped layers must lie in [1, {exit_layer - 1}] (below the draft's exit layer "
+                         f"{exit_layer}), got {sorted(skip)}")
 
 
 @torch.inference_mode()
 def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_layer: int, draft_len: int, *,
                      eos_set: set, progress: bool = False, shortlist: torch.Tensor | None = None,
-                     confidence: float = 0.0) -> SpecRun:
+                     confidence: float = 0.0, skip: tuple = ()) -> SpecRun:
     """Greedy self-speculative decoding of one (checked) prompt; see the module docstring.
 
     ``shortlist`` (token ids): drafts are the argmax over these rows of the head only (FR-Spec), tallied as
     ``head:draft_short:1``; verification reads the full head, so the output stays the full model's.
     ``confidence`` > 0: a round stops drafting after a draft whose probability (softmax over the rows the
-    draft read) is below it, so rounds draft between 1 and ``draft_len`` tokens."""
+    draft read) is below it, so rounds draft between 1 and ``draft_len`` tokens.
+    ``skip`` (layer numbers, 1-based): the draft also leaves these layers out. Every layer from the lowest
+    skipped one (``s0``) up then sees a different residual stream in the draft, so verification runs layers
+    s0+1..L (not E+1..L) over the round's columns, rewriting the draft's K/V there; the draft never runs a
+    skipped layer, so it never reads one of its holes."""
     L = A.L
     P = len(prompt)
     cap = P + max_new_tokens + draft_len + 1
     E, d = exit_layer, draft_len
+    skipped = {n - 1 for n in skip}
+    s0 = min(skipped | {E})                                    # lowest layer (0-based) the draft leaves out
+    upper = [l for l in range(s0, E) if l not in skipped]      # draft layers above it
     eng = Engine(A, 1, cap, FullDepth(L), NaiveMask(), 1)
     dev = A.device
     row = slice(None)
@@ -122,8 +134,9 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
         drafts, h_exit = [], []
         tok = x
         for i in range(d):
-            hE = run(range(E), A.embed(torch.tensor([[tok]], device=dev)), [c + i])
-            h_exit.append(hE)
+            hs = run(range(s0), A.embed(torch.tensor([[tok]], device=dev)), [c + i])
+            h_exit.append(hs)                                  # exact up to s0: verification starts here
+            hE = run(upper, hs, [c + i]) if upper else hs
             logits = draft_logits(hE[:, -1])
             j = int(logits.argmax(-1))
             tok = int(ids_short[j]) if shortlist is not None else j
@@ -132,8 +145,8 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
                 break
         k = len(drafts)          # drafted this round (d, or fewer when the confidence fell)
         # 2. verify: y_k through the lower layers, then all k+1 columns through the upper layers
-        h_exit.append(run(range(E), A.embed(torch.tensor([[drafts[-1]]], device=dev)), [c + k]))
-        hv = run(range(E, L), torch.cat(h_exit, dim=1), list(range(c, c + k + 1)))
+        h_exit.append(run(range(s0), A.embed(torch.tensor([[drafts[-1]]], device=dev)), [c + k]))
+        hv = run(range(s0, L), torch.cat(h_exit, dim=1), list(range(c, c + k + 1)))
         z = eng.head(hv[0], "verify").argmax(-1).tolist()     # z[i] = full prediction after column c+i
         # 3. accept
         a = 0
@@ -143,7 +156,7 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
         sp.round_start.append(len(out))
         sp.drafted.append(k)
         sp.accepted.append(a)
-        sp.layers.append((k + 1) * E + (k + 1) * (L - E))
+        sp.layers.append(k * (s0 + len(upper)) + s0 + (k + 1) * (L - s0))
         sp.heads.append(k + (k + 1))
         eng.cache.truncate(c + a + 1)
         c += a + 1
@@ -179,3 +192,68 @@ def hf_assistant_early_exit(model, prompt: list[int], max_new_tokens: int, exit_
     with torch.inference_mode():
         out = model.generate(x, **kw)
     return out[0, len(prompt):].tolist(), now(dev) - t0
+
+
+@torch.inference_mode()
+def choose_skipped_layers(lm, sequences: list[list[int]], n_skip: int, candidates=None,
+                          progress: bool = False) -> list[dict]:
+    """A layer-skipping draft chosen without training (Draft & Verify's idea, searched greedily): starting from
+    the full model, drop one layer at a time, each time the one whose removal keeps the model's next-token
+    prediction (argmax through the full head) closest to the full model's, measured teacher-forced at every
+    position of ``sequences`` (equal-length token-id lists from training text, never evaluation prompts).
+
+    ``candidates``: layer numbers (1..L) that may be dropped (default: all but the first and the last).
+    Returns the path, one row per size: ``{"n_skip": k, "skip": (layers, 1-based, sorted), "agreement": a}``
+    (row 0 is the full model, agreement 1). Cost: about L/2 layer passes per candidate per step, because the
+    hidden states below a candidate are reused."""
+    A = adapter(lm).for_inference()
+    L = A.L
+    if len({len(s) for s in sequences}) != 1 or not sequences or not sequences[0]:
+        raise ValueError("sequences must be non-empty token-id lists of one length")
+    cand = sorted(set(candidates) if candidates is not None else range(2, L))
+    if any(not isinstance(n, int) or not 1 <= n <= L for n in cand):
+        raise ValueError(f"candidate layers must be ints in [1, {L}], got {cand}")
+    if not isinstance(n_skip, int) or not 0 <= n_skip <= len(cand):
+        raise ValueError(f"n_skip must be an int in [0, {len(cand)}] (the candidate layers), got {n_skip!r}")
+    ids = torch.tensor(sequences, device=A.device)
+    B, T = ids.shape
+    eng = Engine(A, B, T, FullDepth(L), NaiveMask(), 1)
+    cols = torch.arange(T)
+    h0 = A.embed(ids)
+    cos, sin = A.rope(h0, cols[None].expand(B, T).to(A.device))
+
+    def forward(h, layers):
+        """Inputs to each layer in ``layers`` order and the final hidden state."""
+        ins = []
+        for l in layers:
+            ins.append(h)
+            h = eng.layer(l, h, slice(None), cols, cos, sin, COMPUTED, audit=False)
+        return ins, h
+
+    def predict(h):
+        return A.logits(h).argmax(-1)
+
+    ins, top = forward(h0, range(L))
+    target = predict(top)
+    path = [{"n_skip": 0, "skip": (), "agreement": 1.0}]
+    kept = list(range(L))
+    steps = progress_bar(range(n_skip), show=progress, desc="choosing layers to skip", leave=False)
+    for _ in steps:
+        best = None
+        for n in cand:
+            l = n - 1
+            if l not in kept:
+                continue
+            i = kept.index(l)
+            _, h = forward(ins[i], kept[i + 1:])           # layer l left out: its input goes on upwards
+            agree = float((predict(h) == target).float().mean())
+            if best is None or agree > best[1]:
+                best = (l, agree)
+        l, agree = best
+        i = kept.index(l)
+        kept.pop(i)
+        new_ins, _ = forward(ins[i], kept[i:])            # the layers above l now see l's input
+        ins = ins[:i] + new_ins
+        path.append({"n_skip": len(path), "skip": tuple(sorted(set(range(1, L + 1)) - {m + 1 for m in kept})),
+                     "agreement": agree})
+    return path
