@@ -222,3 +222,22 @@ def generated_agreement(lm, es: EvalSet, n_new: int) -> pd.DataFrame:
 
     return store.cached("generated_agreement", {"prompts": es.spec, "n_new": n_new}, compute, model=lm)
 
+
+
+def skip_search(lm, n_blocks: int, block_tokens: int, n_skip: int, seed: int = 0) -> pd.DataFrame:
+    """The training-free drafter's layers: :func:`~earlyexit.engine.speculative.choose_skipped_layers` on
+    ``n_blocks`` blocks of ``block_tokens`` tokens of the training stream (never an evaluation prompt), up to
+    ``n_skip`` layers. One row per size: ``n_skip``, ``skip`` (space-separated layer numbers, 1-based),
+    ``agreement`` (fraction of the full model's next-token predictions kept). Cached."""
+    from ..corpus import token_stream
+    from ..engine.speculative import choose_skipped_layers
+
+    def compute():
+        blocks = token_stream(lm.tokenizer, block_tokens, seed)
+        seqs = [next(blocks).tolist() for _ in range(n_blocks)]
+        path = choose_skipped_layers(lm, seqs, n_skip, progress=True)
+        return [{"n_skip": p["n_skip"], "skip": " ".join(map(str, p["skip"])), "agreement": p["agreement"]}
+                for p in path]
+
+    params = {"blocks": n_blocks, "tokens": block_tokens, "n_skip": n_skip, "seed": seed}
+    return store.cached("skip_search", params, compute, model=lm)
