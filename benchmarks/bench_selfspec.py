@@ -3,12 +3,13 @@
 On the LayerSkip-trained model of the profile's chapter 6, each configuration decodes the same prompts one at a
 time, interleaved with full-depth decoding of the same prompt (alternating which goes first), after a
 warm-up: our self-speculation with the full draft head, with the shortlist head (FR-Spec), with adaptive draft
-length, and transformers' ``generate(assistant_early_exit=E)`` at the same (E, d). It prints the median
+length, the training-free layer-skipping drafter (``--skip`` layers left out, chosen as in chapter 7), and
+transformers' ``generate(assistant_early_exit=E)`` at the same (E, d). It prints the median
 tokens/s of each, its ratio to full depth, acceptance, and whether every output equals full depth's. The goals
 it checks (issue "self-speculation that pays"): ours at least 1.0x full depth (1.5x the target) and at least
 1.3x the transformers peer.
 
-    python benchmarks/bench_selfspec.py [--profile cpu] [--exit-layer 25] [--draft 2] [--shortlist 8192] [--prompts 4]
+    python benchmarks/bench_selfspec.py [--profile cpu] [--exit-layer 25] [--draft 2] [--shortlist 8192] [--skip 8] [--prompts 4]
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import statistics
 
 import torch
 
-from earlyexit.book import prompts, runner, trained
+from earlyexit.book import probes, prompts, runner, trained
 from earlyexit.engine import DecodeConfig, decode
 
 
@@ -32,6 +33,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--skip", type=int, default=8, help="layers the training-free drafter leaves out (0: none)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     P = runner.load_profile(a.profile).parameters("07_self_speculative")
@@ -48,12 +50,16 @@ def main():
                f"self-spec E={E} d<={2 * d} c={a.confidence:g} K={a.shortlist}":
                    SS(E, 2 * d, shortlist=a.shortlist, confidence=a.confidence),
                f"HF assistant_early_exit E={E} d={d}": DecodeConfig.hf_assistant(E, d)}
+    if a.skip:   # the training-free drafter: the whole model minus a greedy choice of layers (chapter 7)
+        path = probes.skip_search(lm, P["skip_blocks"], P["skip_block_tokens"], a.skip, seed=P["seed"])
+        layers = tuple(int(x) for x in path.set_index("n_skip").loc[a.skip, "skip"].split())
+        methods[f"layer-skip draft ({a.skip} of {L} out) d={d}"] = SS(L, d, skip=layers)
     full = DecodeConfig.full()
     for cfg in (full, *methods.values()):                      # warm-up (and the shortlist's token counts)
         decode(lm, [es.ids[0]], cfg, 4, stop_at_eos=False)
     print(f"model={lm.spec} (trained) L={L} threads={torch.get_num_threads()} prompts={len(es)} tokens={N} "
           f"reps={a.reps}")
-    print(f"{'method':<44} {'tok/s':>7} {'full':>7} {'ratio':>6} {'accept':>7} {'lossless':>9}")
+    print(f"{'method':<48} {'tok/s':>7} {'full':>7} {'ratio':>6} {'accept':>7} {'lossless':>9}")
     speed = {}
     for name, cfg in methods.items():
         t_m, t_f, acc, same = [], [], [], 0
@@ -69,8 +75,8 @@ def main():
         tm, tf = N / statistics.median(t_m), N / statistics.median(t_f)
         speed[name] = tm / tf
         a_ = statistics.mean(acc) if all(x == x for x in acc) else float("nan")
-        print(f"{name:<44} {tm:7.1f} {tf:7.1f} {tm / tf:5.2f}x {a_:7.0%} {same:>4}/{len(es):<4}")
-    ours = {k: v for k, v in speed.items() if k.startswith("self-spec")}
+        print(f"{name:<48} {tm:7.1f} {tf:7.1f} {tm / tf:5.2f}x {a_:7.0%} {same:>4}/{len(es):<4}")
+    ours = {k: v for k, v in speed.items() if not k.startswith("HF")}
     best = max(ours, key=ours.get)
     hf = speed[f"HF assistant_early_exit E={E} d={d}"]
     verdict = ("meets the 1.5x target" if ours[best] >= 1.5 else "at least full depth, short of 1.5x"

@@ -26,11 +26,19 @@ def test_early_exit_benchmark_prints_ratios_and_the_goal():
 
 def test_selfspec_benchmark_prints_ours_the_peer_and_the_goal():
     out = run("benchmarks/bench_selfspec.py", "--profile", "smoke", "--prompts", "1", "--tokens", "6", "--reps", "1",
-              "--shortlist", "512", "--exit-layer", "3")
+              "--shortlist", "512", "--exit-layer", "3", "--skip", "2")
     assert "K=512" in out and "HF assistant_early_exit" in out and "goal:" in out
+    assert "layer-skip draft (2 of 6 out)" in out
 
 
 def test_threads_benchmark_prints_quiet_and_contended():
     out = run("benchmarks/bench_threads.py", "--profile", "smoke", "--threads", "1", "--tokens", "4", "--steps", "1",
               "--reps", "1")
     assert "quiet" in out and "one busy process" in out and "best under" in out
+
+
+def test_training_autocast_benchmark_prints_both_step_times_and_the_loss_gap():
+    out = run("benchmarks/bench_train_amp.py", "--model", "tiny-llama", "--steps", "2", "--batch", "2", "--seq", "16",
+              "--threads", "1")
+    assert "float32: median step" in out and "bfloat16 autocast / float32 step time" in out
+    assert "largest loss difference" in out
