@@ -29,7 +29,7 @@ from ..engine.models import (EMBEDDED, GGUF_SHA256, SCRATCH, TINY, LoadedModel, 
 from ..files import canonical
 from . import distributed as dist_
 from .loop import latest_checkpoint, load_checkpoint_weights, train
-from .recipe import RESUME_FREE, TrainConfig
+from .recipe import LATER_DEFAULTS, RESUME_FREE, TrainConfig
 
 CHECKPOINTS = paths.DATA / "checkpoints"
 FORMAT = 1  # bump when the meaning of a checkpoint's key changes
@@ -62,7 +62,8 @@ class Recipe:
         return f"{stem}-{'layerskip' if self.cfg.recipe else 'baseline'}"
 
     def key(self) -> str:
-        train = {k: v for k, v in asdict(self.cfg).items() if k not in RESUME_FREE}
+        train = {k: v for k, v in asdict(self.cfg).items()
+                 if k not in RESUME_FREE and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
         if self.scratch:
             base = {"scratch": SCRATCH[self.scratch_name], "init_seed": self.cfg.seed}
         else:

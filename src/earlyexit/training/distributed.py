@@ -90,26 +90,27 @@ class Objective(torch.nn.Module):
     """The early-exit loss as a module, so that DDP can wrap it (the decoder is run layer by layer, not through
     ``model.forward``). ``rows`` names this rank's slice of the global batch for the layer-dropout draws."""
 
-    def __init__(self, model):
+    def __init__(self, model, target: str = "data"):
         super().__init__()
         self.model = model
+        self.target = target
 
     def forward(self, ids, layers, weights, drop_rates, generator, checkpoint_head, rows):
         return early_exit_loss(self.model, ids, layers, weights, drop_rates=drop_rates, generator=generator,
-                               checkpoint_head=checkpoint_head, rows=rows)
+                               checkpoint_head=checkpoint_head, rows=rows, target=self.target)
 
 
 PARALLEL = ("ddp", "fsdp")
 
 
-def wrap(model, w: World, mode: str = "ddp"):
+def wrap(model, w: World, mode: str = "ddp", target: str = "data"):
     """The objective to call in the training loop: plain in one process; with several, under DDP (``"ddp"``:
     every rank holds the whole model, gradients are averaged) or FSDP2 (``"fsdp"``: parameters, gradients and
     optimizer state are sharded over the ranks, each decoder layer gathered for its own forward and backward;
     for models that do not fit one device)."""
     if mode not in PARALLEL:
         raise ValueError(f"parallel mode {mode!r} is not available; valid: {', '.join(PARALLEL)}")
-    obj = Objective(model)
+    obj = Objective(model, target)
     if w.size == 1:
         return obj
     if mode == "fsdp":

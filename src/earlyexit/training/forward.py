@@ -112,27 +112,43 @@ def _exit_ce(model, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def _exit_distill(model, hidden: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a layer's exit against the soft targets ``soft`` (probabilities, detached)."""
+    logp = F.log_softmax(exit_logits(model, hidden).float(), dim=-1)
+    return -(soft * logp).sum(-1).mean()
+
+
 def early_exit_loss(model, input_ids: torch.Tensor, layers: Sequence[int], weights: torch.Tensor,
                     drop_rates: torch.Tensor | None = None, generator: torch.Generator | None = None,
                     checkpoint_head: bool = False,
-                    rows: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, dict[int, float]]:
+                    rows: tuple[int, int, int] | None = None,
+                    target: str = "data") -> tuple[torch.Tensor, dict[int, float]]:
     """``J = Σ_l ẽ_l · CE(head(norm(x_{l+1}))[:, :-1], input_ids[:, 1:])`` over the enabled ``layers``.
 
-    Returns the weighted loss (a scalar with grad) and each layer's CE as a float. ``rows``: see
-    :func:`forward_layers`.
+    ``target="distill"``: every enabled layer below the last learns the last layer's distribution on the same
+    batch (detached soft targets) instead of the data's next token; the last layer still learns the data.
+    Returns the weighted loss (a scalar with grad) and each layer's loss as a float (its CE against its own
+    target). ``rows``: see :func:`forward_layers`.
     """
     layers = list(layers)
-    hs = forward_layers(model, input_ids, collect=layers, drop_rates=drop_rates, generator=generator, rows=rows)
+    last = adapter(model).L - 1
+    want = sorted(set(layers) | ({last} if target == "distill" else set()))
+    hs = forward_layers(model, input_ids, collect=want, drop_rates=drop_rates, generator=generator, rows=rows)
     targets = input_ids[:, 1:]
+    soft = None
+    if target == "distill":
+        with torch.no_grad():
+            soft = torch.softmax(exit_logits(model, hs[last][:, :-1]).float(), dim=-1)
     total = 0.0
     per_layer = {}
     for l, w in zip(layers, weights.tolist()):
         x = hs[l][:, :-1]
+        fn, y = (_exit_distill, soft) if soft is not None and l != last else (_exit_ce, targets)
         if checkpoint_head and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
-            ce = checkpoint(_exit_ce, model, x, targets, use_reentrant=False)
+            ce = checkpoint(fn, model, x, y, use_reentrant=False)
         else:
-            ce = _exit_ce(model, x, targets)
+            ce = fn(model, x, y)
         per_layer[l] = float(ce.detach())
         if w != 0:
             total = total + w * ce

@@ -187,7 +187,7 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
         history = meta["history"]
         history["layer_ce"] = [{int(k): v for k, v in d.items()} for d in history["layer_ce"]]
 
-    objective = dist_.wrap(model, w, parallel)
+    objective = dist_.wrap(model, w, parallel, target=cfg.exit_target if cfg.recipe else "data")
     sharded = dist_.optimizer_format(w, parallel) == "fsdp"
     if sharded:
         groups = _param_groups(model, cfg)      # the sharded parameters replace the plain ones

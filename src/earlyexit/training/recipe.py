@@ -54,6 +54,9 @@ DEFAULT_ROTATION = 4  # R of the rotational curriculum when curriculum_param is 
 
 # Config fields that may change between an interrupted run and its resumption without changing the math.
 RESUME_FREE = ("checkpoint_every", "keep_checkpoints")
+EXIT_TARGETS = ("data", "distill")
+# Fields added after checkpoints existed: left out of a recipe's key at these values, so old keys stay valid.
+LATER_DEFAULTS = {"exit_target": "data"}
 
 
 @dataclass
@@ -89,6 +92,10 @@ class TrainConfig:
         large memory saving. Worth it on GPU with big batches; off by default.
     amp
         Autocast to bfloat16 on CUDA (weights and optimizer stay in the model's dtype). Ignored on CPU.
+    exit_target
+        What the exits below the last layer learn: ``"data"`` (the data's next token, LayerSkip's early-exit
+        loss) or ``"distill"`` (self-distillation: the last layer's distribution on the same batch, detached,
+        as soft targets; what a draft must match to be accepted). The last layer always learns the data.
     train_embeddings
         False freezes the (tied) embedding / LM head (``requires_grad_(False)``, in place): saves its weight
         gradient on every exit head and its AdamW state. The default trains everything, as LayerSkip does.
@@ -116,6 +123,7 @@ class TrainConfig:
     checkpoint_exit_head: bool = False
     amp: bool = True
     train_embeddings: bool = True
+    exit_target: str = "data"
 
     def __post_init__(self):
         def need(ok: bool, msg: str):
@@ -130,6 +138,8 @@ class TrainConfig:
                  f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         need(is_int(self.seq_len) and self.seq_len >= 2,
              f"seq_len must be an integer >= 2 (one input and one next token), got {self.seq_len!r}")
+        need(self.exit_target in EXIT_TARGETS,
+             f"exit_target must be one of {', '.join(EXIT_TARGETS)}, got {self.exit_target!r}")
         need(isinstance(self.lr, (int, float)) and 0 < self.lr < 1, f"lr must be in (0, 1), got {self.lr!r}")
         need(isinstance(self.p_max, (int, float)) and 0 <= self.p_max < 1,
              f"p_max must be in [0, 1), got {self.p_max!r}")
