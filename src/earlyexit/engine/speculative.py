@@ -245,15 +245,14 @@ def choose_skipped_layers(lm, sequences: list[list[int]], n_skip: int, candidate
             if l not in kept:
                 continue
             i = kept.index(l)
-            _, h = forward(ins[i], kept[i + 1:])           # layer l left out: its input goes on upwards
+            above, h = forward(ins[i], kept[i + 1:])       # layer l left out: its input goes on upwards
             agree = float((predict(h) == target).float().mean())
             if best is None or agree > best[1]:
-                best = (l, agree)
-        l, agree = best
+                best = (l, agree, above)
+        l, agree, new_ins = best
         i = kept.index(l)
         kept.pop(i)
-        new_ins, _ = forward(ins[i], kept[i:])            # the layers above l now see l's input
-        ins = ins[:i] + new_ins
+        ins = ins[:i] + new_ins                          # the layers above l now see l's input (kept above)
         path.append({"n_skip": len(path), "skip": tuple(sorted(set(range(1, L + 1)) - {m + 1 for m in kept})),
                      "agreement": agree})
     return path
