@@ -90,6 +90,43 @@ def test_ensure_trains_once_then_reuses_and_load_gives_those_weights(tmp_path):
     assert tr.history_frame(run)["step"].tolist() == [1, 2, 3]
 
 
+def test_kept_weights_along_the_run_load_as_they_were_at_each_step(tmp_path):
+    r = tr.Recipe("tiny-llama", small(steps=4, checkpoint_every=1, keep_checkpoints=1, keep_weights=True))
+    assert r.key() == tr.Recipe("tiny-llama", small(steps=4, checkpoint_every=1, keep_checkpoints=1)).key()
+    tr.ensure(r, root=tmp_path, progress=False)
+    snaps = tr.snapshots(r, tmp_path)
+    assert list(snaps) == [1, 2, 3, 4]
+    # only the newest keeps its optimizer state (it alone can be resumed); the older ones keep their weights
+    assert [(p / "train_state.pt").exists() for p in snaps.values()] == [False, False, False, True]
+    # step 2's weights are those of the same run stopped after its second step
+    from earlyexit.training.loop import latest_checkpoint, load_checkpoint_weights, train
+
+    lm0 = tr._base_loaded(r)
+    batches = tr.Batches(lm0.tokenizer, 2, 16, 0)
+
+    def two_steps(step):
+        if step >= 2:
+            raise KeyboardInterrupt
+        return batches(step)
+
+    with pytest.raises(KeyboardInterrupt):
+        train(lm0.model, two_steps, r.cfg, checkpoint_dir=tmp_path / "stopped", progress=False)
+    stopped = tr._base_loaded(r).model
+    load_checkpoint_weights(stopped, latest_checkpoint(tmp_path / "stopped"))
+    at2 = tr.load(r, device="cpu", root=tmp_path, step=2).model.state_dict()
+    assert all(torch.equal(at2[k], v) for k, v in stopped.state_dict().items())
+    at4 = tr.load(r, device="cpu", root=tmp_path, step=4).model.state_dict()
+    last = tr.load(r, device="cpu", root=tmp_path).model.state_dict()
+    assert all(torch.equal(at4[k], last[k]) for k in last)
+    assert any(not torch.equal(at2[k], last[k]) for k in last)
+    with pytest.raises(ValueError, match="kept: 1, 2, 3, 4"):
+        tr.load(r, device="cpu", root=tmp_path, step=7)
+    # without keep_weights only the newest checkpoint stays
+    plain = tr.Recipe("tiny-llama", small(steps=3, checkpoint_every=1, keep_checkpoints=1))
+    tr.ensure(plain, root=tmp_path / "plain", progress=False)
+    assert list(tr.snapshots(plain, tmp_path / "plain")) == [3]
+
+
 def test_load_without_training_names_the_command(tmp_path):
     with pytest.raises(FileNotFoundError, match="python -m earlyexit train --profile"):
         tr.load(tr.Recipe("tiny-llama", small()), root=tmp_path, train_if_missing=False)
@@ -128,8 +165,17 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
 def test_recipes_follow_chapter_six_parameters():
     p = params.validate(params.get("06_training"), {"model": "tiny-llama", "steps": 5, "scratch_steps": 7})
     rs = trained.recipes(p)
-    assert set(rs) == {"layerskip", "scratch-baseline", "scratch-layerskip"}
+    assert set(rs) == {"layerskip", "baseline", "distill", "scratch-baseline", "scratch-layerskip"}
     assert rs["layerskip"].base == "tiny-llama" and rs["layerskip"].cfg.steps == 5
+    # the continual variants differ from LayerSkip's run in exactly one field each, and keep their weights
+    ls = rs["layerskip"].cfg
+    assert rs["baseline"].cfg == replace(ls, recipe=False) and rs["distill"].cfg == replace(ls, exit_target="distill")
+    assert all(rs[k].cfg.keep_weights for k in ("layerskip", "baseline", "distill"))
+    assert len({rs[k].directory() for k in ("layerskip", "baseline", "distill")}) == 3
+    assert rs["distill"].label().endswith("-distill") and rs["baseline"].label().endswith("-baseline")
+    assert set(trained.recipes({**p, "variants": []})) == {"layerskip", "scratch-baseline", "scratch-layerskip"}
+    with pytest.raises(ValueError, match="valid: baseline, distill"):
+        trained.recipes({**p, "variants": ["distil"]})
     b, s = rs["scratch-baseline"], rs["scratch-layerskip"]
     assert (b.cfg.recipe, s.cfg.recipe) == (False, True)
     assert replace(b.cfg, recipe=True) == s.cfg and b.base == s.base and b.data_seed == s.data_seed

@@ -158,7 +158,11 @@ TRAINING = register(
                            "steps per layer of the gradual one", range=(1, 1_000_000)),
     train_embeddings=Param(bool, False, "also train the tied embedding / shared head (False: the head stays "
                            "the pretrained one and the layers learn to be read by it)"),
-    checkpoint_every=Param(int, 10, "write a resumable checkpoint every N steps", range=(0, 10_000_000)),
+    checkpoint_every=Param(int, 10, "write a resumable checkpoint every N steps (the weights of each are kept: "
+                           "acceptance along the run)", range=(0, 10_000_000)),
+    variants=Param(list, ["baseline", "distill"], "continual pre-training runs besides LayerSkip's, same budget and "
+                   "data: the recipe off (baseline) and self-distillation as the early-exit target (distill)",
+                   item=str, choices=("baseline", "distill")),
     scratch_config=Param(str, "llama-8x64", "config of the from-scratch pair",
                          choices=("llama-8x64", "llama-8x128", "llama-4x64")),
     scratch_steps=Param(int, 120, "optimizer steps of each from-scratch model", range=(1, 10_000_000)),

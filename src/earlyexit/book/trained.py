@@ -8,27 +8,42 @@ measures on them.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ..training.checkpoints import Recipe, heldout_blocks
 from ..training.recipe import TrainConfig
 
 
+VARIANTS = {"baseline": {"recipe": False}, "distill": {"exit_target": "distill"}}
+
+
 def recipes(p) -> dict[str, Recipe]:
-    """The three checkpoints chapter 6 trains, from its parameters ``p`` (a Params or a dict):
-    ``"layerskip"`` (continual pre-training of ``p["model"]`` with the recipe) and the from-scratch pair
-    ``"scratch-baseline"`` / ``"scratch-layerskip"`` (same data, steps and seed; recipe off / on)."""
+    """The checkpoints chapter 6 trains, from its parameters ``p`` (a Params or a dict): ``"layerskip"``
+    (continual pre-training of ``p["model"]`` with the recipe), one continual run per entry of
+    ``p["variants"]`` at the same budget, data and seed (``"baseline"``: the recipe off; ``"distill"``: the
+    exits learn the last layer's detached distribution), and the from-scratch pair ``"scratch-baseline"`` /
+    ``"scratch-layerskip"`` (same data, steps and seed; recipe off / on). Continual runs keep the weights of
+    every checkpoint (acceptance along the run)."""
     g = p.__getitem__
     cont = TrainConfig(steps=g("steps"), batch_size=g("batch_size"), seq_len=g("seq_len"), lr=g("lr"),
                        warmup=g("warmup"), p_max=g("p_max"), e_scale=g("e_scale"), scale=g("scale"),
                        curriculum=g("curriculum"), curriculum_param=g("curriculum_param"), seed=g("seed"),
                        train_embeddings=g("train_embeddings"), checkpoint_every=g("checkpoint_every"),
-                       keep_checkpoints=1)
+                       keep_checkpoints=1, keep_weights=True)
+    variants = p.get("variants", ()) if hasattr(p, "get") else ()
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; valid: {', '.join(VARIANTS)}")
     scratch = dict(steps=g("scratch_steps"), batch_size=g("scratch_batch_size"), seq_len=g("scratch_seq_len"),
                    lr=g("scratch_lr"), warmup=max(1, g("scratch_steps") // 20), p_max=g("p_max"),
                    e_scale=g("e_scale"), scale=g("scale"), curriculum="rotational",
                    curriculum_param=g("scratch_rotation"), seed=g("seed"), weight_decay=0.1,
                    checkpoint_every=g("checkpoint_every"), keep_checkpoints=1)
     base = f"scratch:{g('scratch_config')}"
-    return {"layerskip": Recipe(g("model"), cont, g("seed")),
+    out = {"layerskip": Recipe(g("model"), cont, g("seed"))}
+    for v in variants:
+        out[v] = Recipe(g("model"), dataclasses.replace(cont, **VARIANTS[v]), g("seed"))
+    return {**out,
             "scratch-baseline": Recipe(base, TrainConfig(**scratch, recipe=False), g("seed")),
             "scratch-layerskip": Recipe(base, TrainConfig(**scratch, recipe=True), g("seed"))}
 

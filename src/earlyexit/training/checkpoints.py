@@ -28,7 +28,7 @@ from ..engine.models import (EMBEDDED, GGUF_SHA256, SCRATCH, TINY, LoadedModel, 
                              resolve_device, resolve_dtype, sha256_file, small_model)
 from ..files import canonical
 from . import distributed as dist_
-from .loop import latest_checkpoint, load_checkpoint_weights, train
+from .loop import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint_weights, train
 from .recipe import LATER_DEFAULTS, RESUME_FREE, TrainConfig
 
 CHECKPOINTS = paths.DATA / "checkpoints"
@@ -59,7 +59,8 @@ class Recipe:
 
     def label(self) -> str:
         stem = self.base.replace("scratch:", "scratch-").replace("/", "_")
-        return f"{stem}-{'layerskip' if self.cfg.recipe else 'baseline'}"
+        kind = ("distill" if self.cfg.exit_target == "distill" else "layerskip") if self.cfg.recipe else "baseline"
+        return f"{stem}-{kind}"
 
     def key(self) -> str:
         train = {k: v for k, v in asdict(self.cfg).items()
@@ -174,23 +175,41 @@ def ensure(recipe: Recipe, device: str = "cpu", progress: bool = True, root: Pat
     return Run(recipe, latest_checkpoint(d), history, True)
 
 
+def snapshots(recipe: Recipe, root: Path | None = None) -> dict[int, Path]:
+    """{step: folder} of the weights kept along ``recipe``'s run (every checkpoint it wrote, when its
+    TrainConfig has ``keep_weights``; else only the newest ones), oldest first."""
+    d = recipe.directory(root)
+    found = {int(m.group(1)): p for p in (d.iterdir() if d.is_dir() else ())
+             if p.is_dir() and (m := CHECKPOINT_NAME.match(p.name)) and (p / "model.safetensors").is_file()}
+    return dict(sorted(found.items()))
+
+
 def load(recipe: Recipe, device: str = "auto", dtype=None, root: Path | None = None, train_if_missing: bool = True,
-         progress: bool = True):
+         progress: bool = True, step: int | None = None):
     """A LoadedModel with the weights of ``recipe``'s finished checkpoint (trained first if missing and
-    ``train_if_missing``), on ``device`` in ``dtype`` (default as :func:`earlyexit.model.load_model`)."""
+    ``train_if_missing``), on ``device`` in ``dtype`` (default as :func:`earlyexit.model.load_model`).
+    ``step``: the weights after that many steps instead (one of :func:`snapshots`)."""
     if not is_complete(recipe, root):
         if not train_if_missing:
             raise FileNotFoundError(f"no finished checkpoint for {recipe.label()} under {recipe.directory(root)}; "
                                     f"build it with `python -m earlyexit train --profile <profile>`")
         ensure(recipe, device=device, progress=progress, root=root)
-    ck = latest_checkpoint(recipe.directory(root))
+    if step is None:
+        ck = latest_checkpoint(recipe.directory(root))
+    else:
+        snaps = snapshots(recipe, root)
+        if step not in snaps:
+            raise ValueError(f"{recipe.label()} kept no weights after step {step!r}; kept: "
+                             f"{', '.join(map(str, snaps)) or 'none'} (TrainConfig.keep_weights keeps every checkpoint)")
+        ck = snaps[step]
     base = _base_loaded(recipe, "cpu")
     load_checkpoint_weights(base.model, ck)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     model = base.model.to(device=dev, dtype=dt).eval()
     rel = paths.relative(ck)
-    return LoadedModel(f"{recipe.base}+{recipe.label().rsplit('-', 1)[-1]}@{recipe.key()}", model, base.tokenizer,
+    at = "" if step is None else f"/step{step}"
+    return LoadedModel(f"{recipe.base}+{recipe.label().rsplit('-', 1)[-1]}@{recipe.key()}{at}", model, base.tokenizer,
                        sha256_file(ck / "model.safetensors"), f"trained checkpoint {rel}",
                        {"base": recipe.base, "train_key": recipe.key(), "data_seed": recipe.data_seed,
                         "train_config": asdict(recipe.cfg)})

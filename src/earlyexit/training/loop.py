@@ -26,7 +26,7 @@ from ..progress import enabled as progress_enabled
 from . import distributed as dist_
 from .recipe import RESUME_FREE, TrainConfig, curriculum_layers, exit_loss_weights, layer_dropout_rates, lr_at
 
-_CKPT = re.compile(r"^step_(\d{8})$")
+CHECKPOINT_NAME = re.compile(r"^step_(\d{8})$")
 
 
 def latest_checkpoint(checkpoint_dir: os.PathLike | None) -> Path | None:
@@ -38,7 +38,7 @@ def latest_checkpoint(checkpoint_dir: os.PathLike | None) -> Path | None:
     if checkpoint_dir is None or not Path(checkpoint_dir).is_dir():
         return None
     found = sorted((int(m.group(1)), p) for p in Path(checkpoint_dir).iterdir()
-                   if p.is_dir() and (m := _CKPT.match(p.name)))
+                   if p.is_dir() and (m := CHECKPOINT_NAME.match(p.name)))
     return found[-1][1] if found else None
 
 
@@ -83,10 +83,13 @@ def _save_checkpoint(checkpoint_dir: Path, model, weights: dict, opt_state: dict
         torch.save(state, tmp / "train_state.pt")
         (tmp / "train_meta.json").write_text(json.dumps({"step": step, "config": asdict(cfg),
                                                          "history": history}, indent=1))
-    older = sorted(p for p in checkpoint_dir.iterdir() if p.is_dir() and _CKPT.match(p.name))
+    older = sorted(p for p in checkpoint_dir.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name))
     stale = [p for p in checkpoint_dir.iterdir() if p.name.startswith(".tmp_step_")]  # from a killed run
-    for p in older[:-cfg.keep_checkpoints] + stale:
+    for p in stale + ([] if cfg.keep_weights else older[:-cfg.keep_checkpoints]):
         shutil.rmtree(p, ignore_errors=True)
+    if cfg.keep_weights:                         # a snapshot: the weights stay, the optimizer state goes
+        for p in older[:-cfg.keep_checkpoints]:
+            (p / "train_state.pt").unlink(missing_ok=True)
     return final
 
 

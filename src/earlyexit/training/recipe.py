@@ -53,7 +53,7 @@ SCHEDULES = ("cosine", "linear", "constant")
 DEFAULT_ROTATION = 4  # R of the rotational curriculum when curriculum_param is None
 
 # Config fields that may change between an interrupted run and its resumption without changing the math.
-RESUME_FREE = ("checkpoint_every", "keep_checkpoints")
+RESUME_FREE = ("checkpoint_every", "keep_checkpoints", "keep_weights")
 EXIT_TARGETS = ("data", "distill")
 # Fields added after checkpoints existed: left out of a recipe's key at these values, so old keys stay valid.
 LATER_DEFAULTS = {"exit_target": "data"}
@@ -86,6 +86,10 @@ class TrainConfig:
         Seeds ``torch.manual_seed`` and the layer-dropout ``torch.Generator``.
     checkpoint_every, keep_checkpoints
         Write a checkpoint every N steps (0: only at the end) and keep the newest ``keep_checkpoints``.
+    keep_weights
+        Of the older checkpoints, delete only the optimizer state and keep the weights (``model.safetensors``,
+        ``config.json``, ``train_meta.json``): snapshots along the run, to measure what each training budget
+        bought (:func:`earlyexit.training.checkpoints.snapshots`). They cannot be resumed from.
     checkpoint_exit_head
         Recompute each layer's head + cross-entropy in the backward pass (``torch.utils.checkpoint``) rather
         than storing a ``(batch, seq, vocab)`` log-softmax per exit layer: about +1/3 head compute for a
@@ -120,6 +124,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     checkpoint_every: int = 0
     keep_checkpoints: int = 2
+    keep_weights: bool = False
     checkpoint_exit_head: bool = False
     amp: bool = True
     train_embeddings: bool = True
@@ -167,6 +172,7 @@ class TrainConfig:
              f"checkpoint_every must be an integer >= 0 (0: only at the end), got {self.checkpoint_every!r}")
         need(is_int(self.keep_checkpoints) and self.keep_checkpoints >= 1,
              f"keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}")
+        need(isinstance(self.keep_weights, bool), f"keep_weights must be True or False, got {self.keep_weights!r}")
 
     def resolved_param(self, n_layers: int) -> int | None:
         """The curriculum parameter in use: R for rotational, k for gradual, None for none."""

@@ -1,0 +1,132 @@
+"""What training buys self-speculation: acceptance along a training run, and the acceptance a draft needs
+before it pays, from the measured cost model.
+
+A round of self-speculation with draft depth E and d drafts (:mod:`earlyexit.engine.speculative`) runs the
+lower E layers for d + 1 single tokens (the round's d drafts and the last draft's own pass before
+verification), the draft head d times (the full head, or a shortlist of K rows), then the upper L − E layers
+once over d + 1 columns and the full head over d + 1 rows. If each draft is accepted with probability α,
+independently, a round emits ``τ(α, d) = 1 + α + … + α^d`` tokens (the accepted prefix and the full model's
+own next token). The speed-up over full depth is ``τ · T_full / T_round`` with both times predicted by
+:func:`earlyexit.book.costmodel.predict` from the unit costs measured on this machine, so the acceptance
+that breaks even (speed-up 1.0×) or reaches a target (1.5×) follows from those units alone.
+
+Along one training run, the acceptance of a one-token draft at each E is measured at every kept checkpoint
+(:func:`along_training`), and a straight line in logit(α) against log(training tokens) is fitted to say how
+many tokens the acceptance a target needs would take: an extrapolation, which the book labels as one.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from . import costmodel
+
+
+def round_calls(L: int, E: int, d: int, shortlist: bool = False) -> dict:
+    """The calls of one self-speculative round with ``d`` drafts from layer ``E`` of ``L`` (every draft
+    proposed; see the module docstring), keyed as :class:`~earlyexit.engine.Result` counts them."""
+    if not (isinstance(E, int) and 1 <= E < L) or not (isinstance(d, int) and d >= 1):
+        raise ValueError(f"need 1 <= E < L = {L} and d >= 1, got E={E!r}, d={d!r}")
+    return {"layer:1": (d + 1) * E, f"layer:{d + 1}": L - E,
+            f"head:{'draft_short' if shortlist else 'draft'}:1": d, f"head:verify:{d + 1}": 1, "steps": 1}
+
+
+def full_calls(L: int) -> dict:
+    """The calls of one full-depth decoding step."""
+    return {"layer:1": L, "head:out:1": 1, "steps": 1}
+
+
+def tokens_per_round(alpha, d: int):
+    """``1 + α + … + α^d``: tokens a round emits when each draft is accepted with probability ``alpha``."""
+    a = np.asarray(alpha, dtype=float)
+    return sum(a ** i for i in range(d + 1))
+
+
+def speedup(alpha, L: int, E: int, d: int, units: pd.DataFrame, shortlist: bool = False):
+    """Predicted speed-up over full depth at per-draft acceptance ``alpha`` (scalar or array)."""
+    t_full = costmodel.predict(full_calls(L), units)["total"]
+    t_round = costmodel.predict(round_calls(L, E, d, shortlist), units)["total"]
+    return tokens_per_round(alpha, d) * t_full / t_round
+
+
+def needed_acceptance(L: int, E: int, d: int, units: pd.DataFrame, target: float = 1.0,
+                      shortlist: bool = False) -> float:
+    """The per-draft acceptance at which the predicted speed-up reaches ``target``; NaN when even α = 1
+    (every draft accepted) falls short."""
+    if speedup(1.0, L, E, d, units, shortlist) < target:
+        return float("nan")
+    if speedup(0.0, L, E, d, units, shortlist) >= target:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):                        # the speed-up grows with α: bisection
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if speedup(mid, L, E, d, units, shortlist) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def thresholds(L: int, exits, drafts, units: pd.DataFrame, targets=(1.0, 1.5), shortlists=(False, True)):
+    """The needed acceptance for every (E, d, shortlist, target): rows E, d, shortlist, target, alpha."""
+    return pd.DataFrame([{"E": E, "d": d, "shortlist": s, "target": t,
+                          "alpha": needed_acceptance(L, E, d, units, t, s)}
+                         for E in exits for d in drafts for s in shortlists for t in targets])
+
+
+def along_training(recipes: dict, base, es, n_new: int, exits, device="cpu", dtype=None) -> pd.DataFrame:
+    """Acceptance of a one-token draft along each training run: for every recipe of ``recipes``
+    ({name: Recipe}) and every step whose weights it kept (step 0: ``base``, the model it started from), the
+    agreement of the exit after each layer of ``exits`` with the full model along that model's own greedy
+    output on ``es`` (:func:`earlyexit.book.probes.generated_agreement`). Rows: recipe, step, tokens
+    (training tokens seen), prompt, layer, agreement."""
+    from ..training import checkpoints
+    from .probes import generated_agreement
+
+    want = set(exits)
+    rows = []
+    g0 = generated_agreement(base, es, n_new)
+    for name, r in recipes.items():
+        per_step = r.cfg.batch_size * r.cfg.seq_len
+        parts = [(0, g0)]
+        for step in checkpoints.snapshots(r):
+            lm = checkpoints.load(r, device=device, dtype=dtype, step=step, progress=False)
+            parts.append((step, generated_agreement(lm, es, n_new)))
+            del lm
+        for step, g in parts:
+            g = g[g.layer.isin(want)]
+            rows.append(g.assign(recipe=name, step=step, tokens=step * per_step))
+    out = pd.concat(rows, ignore_index=True)
+    return out[["recipe", "step", "tokens", "prompt", "layer", "agreement"]]
+
+
+def _logit(p):
+    p = np.clip(np.asarray(p, dtype=float), 1e-6, 1 - 1e-6)
+    return np.log(p / (1 - p))
+
+
+def fit(tokens, alpha) -> dict:
+    """Least-squares line ``logit(α) = a + b · ln(tokens)`` through the points with tokens > 0. Returns
+    a, b and n (points used); a and b are NaN with fewer than two distinct token counts."""
+    t = np.asarray(tokens, dtype=float)
+    y = _logit(alpha)
+    keep = t > 0
+    if len(set(t[keep])) < 2:
+        return {"a": float("nan"), "b": float("nan"), "n": int(keep.sum())}
+    b, a = np.polyfit(np.log(t[keep]), y[keep], 1)
+    return {"a": float(a), "b": float(b), "n": int(keep.sum())}
+
+
+def predict_alpha(f: dict, tokens):
+    """The fitted acceptance at ``tokens``."""
+    z = f["a"] + f["b"] * np.log(np.asarray(tokens, dtype=float))
+    return 1 / (1 + np.exp(-z))
+
+
+def tokens_for(f: dict, alpha: float) -> float:
+    """Training tokens at which the fitted line reaches ``alpha``: NaN when the fit does not rise (b ≤ 0)
+    or ``alpha`` is NaN (the target cannot be reached at any acceptance)."""
+    if not (math.isfinite(f["b"]) and f["b"] > 0) or not math.isfinite(alpha):
+        return float("nan")
+    if alpha <= 0:
+        return 0.0
+    return float(math.exp((float(_logit(alpha)) - f["a"]) / f["b"]))
