@@ -68,6 +68,8 @@ def main():
             hog.start()
             time.sleep(0.5)
         try:
+            n_auto, why = resolve_threads("auto")
+            print(f"{cond:<22} threads: auto resolves to {n_auto} ({why})", flush=True)
             for n in counts:
                 torch.set_num_threads(n)
                 results[cond, n] = measure(lm, ids, a.tokens, cfg, a.reps)

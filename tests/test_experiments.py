@@ -198,6 +198,7 @@ def test_threads_auto_takes_the_cores_available_shares_them_and_is_recorded(monk
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.delenv("EARLYEXIT_WORLD", raising=False)
+    monkeypatch.setenv("EARLYEXIT_IGNORE_LOAD", "1")      # the test machine's own load is not the point here
     cores = available_cores()
     assert 1 <= cores <= len(os.sched_getaffinity(0))
     assert resolve_threads("auto")[0] == cores
@@ -213,6 +214,63 @@ def test_threads_auto_takes_the_cores_available_shares_them_and_is_recorded(monk
             resolve_threads(bad)
     rec = threads_record("auto")
     assert rec["torch_num_threads"] == torch.get_num_threads() and rec["why"].startswith("auto: ")
+
+
+def test_threads_auto_leaves_out_the_cores_other_processes_keep_busy(monkeypatch):
+    import multiprocessing as mp
+    import os
+
+    from earlyexit.engine import models
+    from earlyexit.engine.models import busy_cores, resolve_threads
+
+    cpus = sorted(os.sched_getaffinity(0))
+    # /proc/stat as two readings 0.3 s apart: every CPU of the affinity one third busy in between, by others
+    def fake(busy_per_cpu):
+        calls = iter([0, 1])
+
+        def read():
+            k = next(calls)
+            lines = ["cpu  0 0 0 0 0 0 0 0"]
+            for c in cpus:
+                b = k * busy_per_cpu
+                lines.append(f"cpu{c} {b} 0 0 {k * (30 - busy_per_cpu)} 0 0 0 0")
+            return "\n".join(lines) + "\n"
+        return read
+
+    assert busy_cores(0.01, read=fake(10)) == pytest.approx(len(cpus) / 3, abs=0.15)
+    assert busy_cores(0.01, read=fake(0)) == 0.0
+    assert busy_cores(0.01, read=lambda: (_ for _ in ()).throw(OSError("no /proc"))) == 0.0
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("EARLYEXIT_WORLD", raising=False)
+    monkeypatch.delenv("EARLYEXIT_IGNORE_LOAD", raising=False)
+    monkeypatch.setattr(models, "available_cores", lambda: 4)
+    monkeypatch.setattr(models, "busy_cores", lambda: 1.2)
+    assert resolve_threads("auto") == (3, "auto: 4 cores available, 1.2 kept busy by other processes")
+    monkeypatch.setattr(models, "busy_cores", lambda: 9.0)
+    assert resolve_threads("auto")[0] == 1, "at least one thread"
+    monkeypatch.setenv("EARLYEXIT_IGNORE_LOAD", "1")
+    assert resolve_threads("auto") == (4, "auto: 4 cores available")
+    monkeypatch.delenv("EARLYEXIT_IGNORE_LOAD")
+    monkeypatch.setenv("EARLYEXIT_WORLD", "2")          # sweep workers: their own load is not others' work
+    assert resolve_threads("auto") == (2, "auto: 4 cores available, shared by 2 processes")
+    # and for real: a process spinning on one core is seen
+    if len(cpus) >= 2:
+        stop = mp.Event()
+        hog = mp.Process(target=_spin, args=(stop,), daemon=True)
+        hog.start()
+        try:
+            import time
+            time.sleep(0.3)
+            assert busy_cores(0.5) >= 0.6
+        finally:
+            stop.set()
+            hog.join()
+
+
+def _spin(stop):
+    x = 0
+    while not stop.is_set():
+        x += 1
 
 
 def test_time_replay_uses_the_recorded_exits(lm, es):

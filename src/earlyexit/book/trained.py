@@ -94,3 +94,39 @@ def load_trained(P, which: str = "layerskip", progress: bool = True):
 
     recipe = recipes_for_profile(P["profile"], P["model"])[which]
     return checkpoints.load(recipe, device=P["device"], dtype=P["dtype"], progress=progress)
+
+
+def recipe_table(before, after: dict, layers, n_boot: int = 2000, seed: int = 0):
+    """The continual-pre-training runs side by side, from :func:`layer_agreement` tables: ``before`` (the
+    model they all started from) and ``after`` ({name: table}, one per run; a ``"baseline"`` run, the recipe
+    off, is the reference for what the recipe itself costs). One row per run: ``ag_<l>`` (agreement of the
+    exit after layer ``l`` with the last layer, the acceptance of a one-token draft from there) for each of
+    ``layers``, ``ppl`` (the last layer's held-out perplexity), ``ppl_vs_before`` and, with a baseline,
+    ``ppl_vs_baseline`` (relative change of the last layer's perplexity, paired over the held-out blocks);
+    each with ``_lo``/``_hi`` (95% bootstrap interval over blocks)."""
+    import math
+
+    import pandas as pd
+
+    from .metrics import bootstrap_ci
+
+    L = int(before["layer"].max())
+
+    def last(df):
+        return df[df.layer == L].set_index("block")["loss"]
+
+    rows = []
+    for name, df in after.items():
+        r = {"run": name}
+        for l in layers:
+            v = df[df.layer == l]["agreement"].to_numpy()
+            r[f"ag_{l}"], r[f"ag_{l}_lo"], r[f"ag_{l}_hi"] = bootstrap_ci(v, n_boot, seed=seed)
+        m, lo, hi = bootstrap_ci(last(df).to_numpy(), n_boot, seed=seed)
+        r["ppl"], r["ppl_lo"], r["ppl_hi"] = (math.exp(x) for x in (m, lo, hi))
+        refs = {"before": before} | ({"baseline": after["baseline"]} if "baseline" in after else {})
+        for ref, rdf in refs.items():
+            d = (last(df) - last(rdf)).to_numpy()
+            m, lo, hi = bootstrap_ci(d, n_boot, seed=seed)
+            r[f"ppl_vs_{ref}"], r[f"ppl_vs_{ref}_lo"], r[f"ppl_vs_{ref}_hi"] = (math.expm1(x) for x in (m, lo, hi))
+        rows.append(r)
+    return pd.DataFrame(rows)
