@@ -79,3 +79,25 @@ def test_the_fit_recovers_a_logit_line_and_inverts_it():
     flat = budget.fit([1e3, 1e4], [0.4, 0.3])        # acceptance that falls: no extrapolation
     assert math.isnan(budget.tokens_for(flat, 0.5))
     assert math.isnan(budget.fit([1e3, 1e3], [0.3, 0.4])["b"])
+
+
+def test_extrapolation_table_reads_the_fit_per_recipe_and_exit():
+    import pandas as pd
+
+    rows = []
+    for rec, b in (("up", 0.5), ("flat", -0.1)):
+        for step in (0, 10, 20, 40):
+            t = step * 100
+            alpha = 0.2 if t == 0 else float(budget.predict_alpha({"a": -5.0, "b": b}, t))
+            rows += [{"recipe": rec, "step": step, "tokens": t, "prompt": p, "layer": 3, "agreement": alpha}
+                     for p in range(2)]
+    acc = pd.DataFrame(rows)
+    need = pd.DataFrame([{"E": 3, "d": 2, "shortlist": False, "target": 1.0, "alpha": 0.6},
+                         {"E": 3, "d": 2, "shortlist": False, "target": 1.5, "alpha": float("nan")},
+                         {"E": 4, "d": 2, "shortlist": False, "target": 1.0, "alpha": 0.5}])
+    x = budget.extrapolate(acc, need).set_index(["recipe", "target"])
+    assert len(x) == 4, "E = 4 has no acceptance measured: no row"
+    assert x.loc[("up", 1.0), "b"] == pytest.approx(0.5)
+    assert x.loc[("up", 1.0), "tokens_needed"] == pytest.approx(math.exp((math.log(0.6 / 0.4) + 5) / 0.5))
+    assert x.loc[("up", 1.0), "tokens_now"] == 4000
+    assert math.isnan(x.loc[("up", 1.5), "tokens_needed"]) and math.isnan(x.loc[("flat", 1.0), "tokens_needed"])

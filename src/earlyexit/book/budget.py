@@ -130,3 +130,21 @@ def tokens_for(f: dict, alpha: float) -> float:
     if alpha <= 0:
         return 0.0
     return float(math.exp((float(_logit(alpha)) - f["a"]) / f["b"]))
+
+
+def extrapolate(acc: pd.DataFrame, need: pd.DataFrame) -> pd.DataFrame:
+    """For every recipe of :func:`along_training`'s table ``acc`` and every row of :func:`thresholds`' table
+    ``need`` at the same E: the fit of the recipe's mean acceptance against training tokens (a, b), the
+    acceptance after its last step, and the training tokens at which the fit reaches the needed acceptance
+    (NaN where the target is out of reach or the acceptance does not grow)."""
+    rows = []
+    mean = acc.groupby(["recipe", "layer", "step", "tokens"], as_index=False)["agreement"].mean()
+    for (rec, E), g in mean.groupby(["recipe", "layer"]):
+        f = fit(g["tokens"], g["agreement"])
+        now = g.sort_values("step").iloc[-1]
+        for r in need[need.E == E].itertuples():
+            rows.append({"recipe": rec, "E": int(E), "d": r.d, "shortlist": r.shortlist, "target": r.target,
+                         "alpha_needed": r.alpha, "alpha_now": float(now["agreement"]),
+                         "tokens_now": int(now["tokens"]), "a": f["a"], "b": f["b"],
+                         "tokens_needed": tokens_for(f, r.alpha)})
+    return pd.DataFrame(rows)

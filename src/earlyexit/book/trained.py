@@ -130,3 +130,27 @@ def recipe_table(before, after: dict, layers, n_boot: int = 2000, seed: int = 0)
             r[f"ppl_vs_{ref}"], r[f"ppl_vs_{ref}_lo"], r[f"ppl_vs_{ref}_hi"] = (math.expm1(x) for x in (m, lo, hi))
         rows.append(r)
     return pd.DataFrame(rows)
+
+
+RUN_NAMES = {"layerskip": "LayerSkip (exits learn the data)", "distill": "self-distillation (exits learn the last layer)",
+             "baseline": "recipe off"}
+
+
+def recipe_shown(t, seconds: dict | None = None):
+    """:func:`recipe_table` as chapter 6 prints it (``seconds``: {run: seconds a step})."""
+    import pandas as pd
+
+    from .chapter import ci
+
+    layers = [int(c[3:]) for c in t.columns if c.startswith("ag_") and not c.endswith(("_lo", "_hi"))]
+    out = {"run": [RUN_NAMES.get(r, r) for r in t["run"]]}
+    for l in layers:
+        out[f"agreement at layer {l} [95% CI]"] = [ci(r, f"ag_{l}") for _, r in t.iterrows()]
+    out["last-layer perplexity"] = [ci(r, "ppl") for _, r in t.iterrows()]
+    out["change vs released"] = [ci(r, "ppl_vs_before", "{:+.1%}") for _, r in t.iterrows()]
+    if "ppl_vs_baseline" in t:
+        out["change vs recipe off"] = ["(reference)" if r["run"] == "baseline" else ci(r, "ppl_vs_baseline", "{:+.1%}")
+                                       for _, r in t.iterrows()]
+    if seconds:
+        out["s / step"] = [f"{seconds[r]:.1f}" for r in t["run"]]
+    return pd.DataFrame(out)
