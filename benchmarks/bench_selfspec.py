@@ -4,10 +4,12 @@ On the LayerSkip-trained model of the profile's chapter 6, each configuration de
 time, interleaved with full-depth decoding of the same prompt (alternating which goes first), after a
 warm-up: our self-speculation with the full draft head, with the shortlist head (FR-Spec), with adaptive draft
 length, the training-free layer-skipping drafter (``--skip`` layers left out, chosen as in chapter 7), and
-transformers' ``generate(assistant_early_exit=E)`` at the same (E, d). It prints the median
-tokens/s of each, its ratio to full depth, acceptance, and whether every output equals full depth's. The goals
-it checks (issue "self-speculation that pays"): ours at least 1.0x full depth (1.5x the target) and at least
-1.3x the transformers peer.
+transformers' ``generate(assistant_early_exit=E)`` at the same (E, d), economize's drafters (``early_exit``, its
+``frspec`` shortlist over the same K tokens, ``layer_skip`` over the same layers), and plain transformers
+``generate`` (full depth). It prints the median tokens/s of each, its ratio to full depth, acceptance, and whether
+every output equals full depth's. The goals it checks (issue "self-speculation that pays"): ours at least 1.0x full
+depth (1.5x the target), at least 1.3x the transformers peer, and our best against economize's fastest lossless
+technique.
 
     python benchmarks/bench_selfspec.py [--profile cpu] [--exit-layer 25] [--draft 2] [--shortlist 8192] [--skip 8] [--prompts 4]
 """
@@ -49,18 +51,30 @@ def main():
                f"self-spec E={E} d={d} K={a.shortlist}": SS(E, d, shortlist=a.shortlist),
                f"self-spec E={E} d<={2 * d} c={a.confidence:g} K={a.shortlist}":
                    SS(E, 2 * d, shortlist=a.shortlist, confidence=a.confidence),
-               f"HF assistant_early_exit E={E} d={d}": DecodeConfig.hf_assistant(E, d)}
+               f"HF assistant_early_exit E={E} d={d}": DecodeConfig.hf_assistant(E, d),
+               f"economize early_exit E={E} d={d}": DecodeConfig.economize(E, d),
+               f"economize frspec K={a.shortlist} early_exit E={E} d={d}": DecodeConfig.economize(E, d, shortlist=a.shortlist)}
     if a.skip:   # the training-free drafter: the whole model minus a greedy choice of layers (chapter 7)
         path = probes.skip_search(lm, P["skip_blocks"], P["skip_block_tokens"], a.skip, seed=P["seed"])
         layers = tuple(int(x) for x in path.set_index("n_skip").loc[a.skip, "skip"].split())
         methods[f"layer-skip draft ({a.skip} of {L} out) d={d}"] = SS(L, d, skip=layers)
+        methods[f"economize layer_skip ({a.skip} of {L} out) d={d}"] = DecodeConfig.economize(L, d, skip=layers)
     full = DecodeConfig.full()
     for cfg in (full, *methods.values()):                      # warm-up (and the shortlist's token counts)
         decode(lm, [es.ids[0]], cfg, 4, stop_at_eos=False)
+    _hf_generate_s(lm.model, es.ids[0], 4)
     print(f"model={lm.spec} (trained) L={L} threads={torch.get_num_threads()} prompts={len(es)} tokens={N} "
           f"reps={a.reps}")
     print(f"{'method':<48} {'tok/s':>7} {'full':>7} {'ratio':>6} {'accept':>7} {'lossless':>9}")
-    speed = {}
+    speed, lossless = {}, {}
+    # plain transformers generate (full depth), against our full depth
+    t_h, t_f = [], []
+    for r in range(a.reps):
+        for ids in es.ids:
+            t_h.append(_hf_generate_s(lm.model, ids, N))
+            t_f.append(decode(lm, [ids], full, N, stop_at_eos=False).wall_s)
+    th, tf = N / statistics.median(t_h), N / statistics.median(t_f)
+    print(f"{'HF generate (full depth)':<48} {th:7.1f} {tf:7.1f} {th / tf:5.2f}x {'-':>7} {'-':>9}")
     for name, cfg in methods.items():
         t_m, t_f, acc, same = [], [], [], 0
         for r in range(a.reps):
@@ -74,15 +88,34 @@ def main():
                     acc.append(got["m"].acceptance)
         tm, tf = N / statistics.median(t_m), N / statistics.median(t_f)
         speed[name] = tm / tf
+        lossless[name] = same == len(es)
         a_ = statistics.mean(acc) if all(x == x for x in acc) else float("nan")
         print(f"{name:<48} {tm:7.1f} {tf:7.1f} {tm / tf:5.2f}x {a_:7.0%} {same:>4}/{len(es):<4}")
-    ours = {k: v for k, v in speed.items() if not k.startswith("HF")}
+    ours = {k: v for k, v in speed.items() if not k.startswith(("HF", "economize"))}
+    eco = {k: v for k, v in speed.items() if k.startswith("economize") and lossless[k]}
     best = max(ours, key=ours.get)
     hf = speed[f"HF assistant_early_exit E={E} d={d}"]
     verdict = ("meets the 1.5x target" if ours[best] >= 1.5 else "at least full depth, short of 1.5x"
                if ours[best] >= 1.0 else f"misses 1.0x by {1 - ours[best]:.0%}")
     print(f"goal: best ours is {best} at {ours[best]:.2f}x full depth ({verdict}); "
           f"{ours[best] / hf:.2f}x the transformers peer (goal 1.3x: {'met' if ours[best] / hf >= 1.3 else 'missed'})")
+    if eco:
+        eb = max(eco, key=eco.get)
+        print(f"economize's fastest lossless technique: {eb} at {eco[eb]:.2f}x full depth; ours is {ours[best] / eco[eb]:.2f}x it")
+    else:
+        print("economize: no lossless technique ran")
+
+
+def _hf_generate_s(model, ids, n: int) -> float:
+    """Seconds of plain greedy ``generate`` (full depth) for ``n`` new tokens of one prompt."""
+    from earlyexit.clock import now
+
+    x = torch.tensor([ids])
+    t0 = now(x.device)
+    with torch.inference_mode():
+        model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                       eos_token_id=None, pad_token_id=model.config.pad_token_id)
+    return now(x.device) - t0
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ def test_selfspec_benchmark_prints_ours_the_peer_and_the_goal():
               "--shortlist", "512", "--exit-layer", "3", "--skip", "2")
     assert "K=512" in out and "HF assistant_early_exit" in out and "goal:" in out
     assert "layer-skip draft (2 of 6 out)" in out
+    assert "HF generate (full depth)" in out and "economize layer_skip (2 of 6 out)" in out
+    assert "economize's fastest lossless technique" in out
 
 
 def test_threads_benchmark_prints_quiet_and_contended():
@@ -42,3 +44,9 @@ def test_training_autocast_benchmark_prints_both_step_times_and_the_loss_gap():
               "--threads", "1")
     assert "float32: median step" in out and "bfloat16 autocast / float32 step time" in out
     assert "largest loss difference" in out
+
+
+def test_busy_benchmark_runs_a_chapter_cold_quiet_and_contended():
+    out = run("benchmarks/bench_busy.py", "--profile", "smoke", "--only", "01_kv_cache_invariant",
+              "--set", "threads=auto")
+    assert "quiet" in out and "one busy process" in out and "busy / quiet =" in out

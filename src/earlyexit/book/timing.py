@@ -156,3 +156,31 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
 def has_spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, repeats: int) -> bool:
     """Whether :func:`spec_point` with the transformers peer is already in the result cache."""
     return store.has("spec_point", spec_params(es, n_new, exit_layer, draft_len, repeats, True), model=lm)
+
+
+def side_by_side(lm, es: EvalSet, n_new: int, configs: dict, repeats: int = 1) -> pd.DataFrame:
+    """Each configuration of ``configs`` ({name: DecodeConfig}) timed against full depth on every prompt of
+    ``es`` at batch 1 (cached): per prompt and repeat, full depth and every configuration run back to back,
+    ``n_new`` tokens without stopping at EOS; the fastest repeat counts. One row per (prompt, method):
+    ``seconds`` (prompt pass included), ``full_s``, ``speedup`` (full_s / seconds), ``lossless`` (tokens equal
+    full depth's), ``acceptance`` (accepted / drafted, NaN for methods that do not draft)."""
+    def compute():
+        rows = []
+        for b, ids in enumerate(es.ids):
+            runs = {"\0full": lambda: decode(lm, [ids], FULL, n_new, stop_at_eos=False)}
+            runs.update({name: (lambda c=c: decode(lm, [ids], c, n_new, stop_at_eos=False))
+                         for name, c in configs.items()})
+            got = best_of(repeats, runs)
+            full_s, ref = got["\0full"][0], got["\0full"][1].sequences()[0]
+            for name in configs:
+                s, r = got[name]
+                rows.append({"prompt": b, "method": name, "label": configs[name].label, "seconds": s,
+                             "full_s": full_s, "lossless": bool(r.sequences()[0] == ref),
+                             "acceptance": r.acceptance})
+        return rows
+
+    params = {"prompts": es.spec, "n_new": n_new, "repeats": repeats, "threads": torch.get_num_threads(),
+              "configs": {name: c.key() for name, c in configs.items()}}
+    df = store.cached("side_by_side", params, compute, model=lm)
+    df["speedup"] = df["full_s"] / df["seconds"]
+    return df

@@ -17,7 +17,7 @@ import torch
 from .fill import STRATEGIES
 from .rules import RULES
 
-METHODS = ("early-exit", "self-speculation", "hf-assistant")
+METHODS = ("early-exit", "self-speculation", "hf-assistant", "economize")
 # Counters every Result carries, per row and generated token (B, N); see Result.
 COUNTERS = ("layers_run", "recompute_layers", "copied_kv", "head_checks", "hole_reads", "hole_weight",
             "drafted", "accepted")
@@ -37,8 +37,8 @@ class DecodeConfig:
 
     ``method`` is ``"early-exit"`` (an exit rule with a fill strategy), ``"self-speculation"`` (LayerSkip:
     draft with the first ``exit_layer`` layers, ``draft_len`` tokens a round, verify with the rest over one
-    cache) or ``"hf-assistant"`` (transformers' ``generate(assistant_early_exit=...)``, the same idea, as a
-    peer). ``rule_args`` holds the rule's arguments as sorted (name, value) pairs; build configurations with
+    cache), ``"hf-assistant"`` (transformers' ``generate(assistant_early_exit=...)``, the same idea, as a
+    peer) or ``"economize"`` (the economize library's drafters, a second peer: :mod:`earlyexit.engine.peers`). ``rule_args`` holds the rule's arguments as sorted (name, value) pairs; build configurations with
     the class methods, which take them as keywords.
     """
 
@@ -90,6 +90,14 @@ class DecodeConfig:
     def hf_assistant(cls, exit_layer: int, draft_len: int) -> "DecodeConfig":
         return cls("hf-assistant", "full", "naive-mask", (), exit_layer, draft_len)
 
+    @classmethod
+    def economize(cls, exit_layer: int, draft_len: int, **draft_args) -> "DecodeConfig":
+        """The economize library's speculative decoding as a peer: its ``early_exit`` drafter from layer
+        ``exit_layer``, or with ``skip=(n, ...)`` its ``layer_skip`` drafter leaving those layers out (give
+        ``exit_layer = L``); ``shortlist=K`` wraps the drafter in its ``frspec`` over the same K token ids
+        ours drafts over."""
+        return cls("economize", "full", "naive-mask", tuple(draft_args.items()), exit_layer, draft_len)
+
     def replace(self, **changes) -> "DecodeConfig":
         """A copy with ``changes``; rule arguments by name (``cfg.replace(threshold=0.99)``)."""
         own = {k: changes.pop(k) for k in ("method", "rule", "strategy", "exit_layer", "draft_len") if k in changes}
@@ -119,6 +127,10 @@ class DecodeConfig:
             return f"self-spec E={self.exit_layer} d={self.draft_len}{extra}"
         if self.method == "hf-assistant":
             return f"hf assistant E={self.exit_layer} d={self.draft_len}"
+        if self.method == "economize":
+            kw = self.args
+            what = f"layer_skip {len(kw['skip'])} layers" if kw.get("skip") else f"early_exit E={self.exit_layer}"
+            return f"economize {what} d={self.draft_len}" + (f" K={kw['shortlist']}" if kw.get("shortlist") else "")
         kw = self.args
         if self.rule == "static":
             return f"static@{kw.get('layer')}"
@@ -143,11 +155,12 @@ DRAFT_ARGS = ("shortlist", "confidence", "skip")
 
 
 def _check_draft_args(method: str, args: dict) -> None:
-    if method != "self-speculation" and args:
+    if method == "hf-assistant" and args:
         raise ValueError(f"{method} takes no drafting options, got {sorted(args)}")
-    bad = sorted(set(args) - set(DRAFT_ARGS))
+    valid = DRAFT_ARGS if method == "self-speculation" else ("shortlist", "skip")
+    bad = sorted(set(args) - set(valid))
     if bad:
-        raise ValueError(f"unknown drafting option(s) {bad}; valid: {', '.join(DRAFT_ARGS)}")
+        raise ValueError(f"unknown drafting option(s) {bad} for {method}; valid: {', '.join(valid)}")
     k = args.get("shortlist", 0)
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         raise ValueError(f"shortlist must be an int >= 0 (0: the full vocabulary), got {k!r}")

@@ -20,6 +20,7 @@ from .config import COUNTERS, DecodeConfig, Result
 from .fill import make_strategy
 from .loop import early_exit
 from .rules import make_rule
+from .peers import economize_decode
 from .speculative import check_draft, hf_assistant_early_exit, self_speculative, shortlist_ids
 
 
@@ -90,8 +91,6 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
         raise ValueError(f"{', '.join(unsupported)} apply to early-exit decoding only, not to {config.method}")
     draft_kw = config.args
     check_draft(L, config.exit_layer, config.draft_len, tuple(draft_kw.get("skip", ())))
-    if config.method == "hf-assistant" and draft_kw:
-        raise ValueError(f"the transformers peer takes no drafting options, got {sorted(draft_kw)}")
     short = shortlist_ids(lm, A, draft_kw["shortlist"]) if draft_kw.get("shortlist") else None
     tokens = torch.full((B, N), pad_id, dtype=torch.long)
     counts = {c: torch.zeros(B, N) for c in COUNTERS}
@@ -116,6 +115,12 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
             for ph, c in sp.calls.items():
                 calls[ph].update(c)
             state[:, b, P - len(p):] = sp.state             # the shared cache is len(p) + N + d + 1 long
+        elif config.method == "economize":
+            toks, wall, dr, ac = economize_decode(A.model, p, N, config.exit_layer, config.draft_len,
+                                                  skip=tuple(draft_kw.get("skip", ())), shortlist=short,
+                                                  eos_id=sorted(eos_set) or None)
+            counts["drafted"][b, 0], counts["accepted"][b, 0] = dr, ac
+            state = None
         else:
             toks, wall = hf_assistant_early_exit(A.model, p, N, config.exit_layer, config.draft_len,
                                                  stop_at_eos=stop_at_eos)
