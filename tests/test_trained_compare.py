@@ -310,5 +310,5 @@ def test_train_command_lists_the_profile_checkpoints(monkeypatch, capsys):
 
     monkeypatch.setattr(checkpoints, "ensure", fake_ensure)
     assert main(["train", "--profile", "smoke"]) == 0
-    assert len(seen) == 3 and any("layerskip" in s for s in seen)
+    assert len(seen) == 5 and any("layerskip" in s for s in seen) and any("distill" in s for s in seen)
     assert main(["train", "--profile", "nope"]) == 2
