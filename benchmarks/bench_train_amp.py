@@ -39,6 +39,8 @@ def main():
     batches = [torch.stack([next(stream) for _ in range(a.batch)]) for _ in range(a.steps)]
     models = {"float32": lm.model, "bfloat16 autocast": copy.deepcopy(lm.model),
               "float32, other dropout seed": copy.deepcopy(lm.model)}
+    for m in models.values():
+        m.train()                          # layer dropout on, as in training
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
     rates = layer_dropout_rates(L, 0.1)
     times = {k: [] for k in models}

@@ -271,6 +271,23 @@ def test_train_lowers_loss_recipe_and_baseline(tmp_path):
             assert set(h["n_exits"]) == {1} and h["loss"] == h["final_ce"]
 
 
+def test_bf16_autocast_on_the_cpu_is_an_option_that_changes_the_key_only_when_on():
+    from earlyexit.training.checkpoints import Recipe
+
+    base = dict(steps=4, batch_size=2, seq_len=16, lr=5e-3, warmup=1, p_max=0.2, curriculum_param=2)
+    fp32, bf16 = TrainConfig(**base), TrainConfig(**base, amp_cpu=True)
+    assert Recipe("tiny-llama", fp32).key() == Recipe("tiny-llama", TrainConfig(**base, amp_cpu=False)).key()
+    assert Recipe("tiny-llama", bf16).key() != Recipe("tiny-llama", fp32).key()
+    runs = {}
+    for name, cfg in (("fp32", fp32), ("bf16", bf16), ("bf16 again", bf16)):
+        model = tiny()
+        runs[name] = (train(model, blocks_fn(2, 16), cfg, progress=False)["loss"], model.lm_head.weight.dtype)
+    assert runs["bf16"] == runs["bf16 again"], "the same seed gives the same bf16 run"
+    assert runs["bf16"][0] != runs["fp32"][0], "autocast on the CPU is used"
+    assert runs["bf16"][1] == torch.float32, "weights stay float32 under autocast"
+    assert max(abs(a - b) for a, b in zip(runs["bf16"][0], runs["fp32"][0])) < 0.1
+
+
 def test_resume_reproduces_uninterrupted_run(tmp_path):
     cfg = TrainConfig(steps=6, batch_size=3, seq_len=12, lr=2e-3, warmup=2, p_max=0.5, e_scale=0.5,
                       curriculum="rotational", curriculum_param=2, weight_decay=0.01, checkpoint_every=1,

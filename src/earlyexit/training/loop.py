@@ -206,7 +206,7 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
             torch.cuda.set_rng_state_all(state["cuda_rng"])
 
     was_training = model.training
-    use_amp = cfg.amp and device.type == "cuda"
+    use_amp = (cfg.amp and device.type == "cuda") or (cfg.amp_cpu and device.type == "cpu")
     bar = None
     if progress and w.main and start < cfg.steps and progress_enabled():
         from tqdm.auto import tqdm
@@ -228,7 +228,7 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
             ids = ids[start_row:stop_row].to(device)  # this process's rows (all of them in one process)
             layers = curriculum_layers(cfg.curriculum, step, L, param) if cfg.recipe else [L - 1]
             weights = exit_loss_weights(layers, L, cfg.scale, cfg.e_scale)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
                 loss, per_layer = objective(ids, layers, weights, rates, gen, cfg.checkpoint_exit_head, rows)
             opt.zero_grad(set_to_none=True)
             loss.backward()
