@@ -136,21 +136,25 @@ RUN_NAMES = {"layerskip": "LayerSkip (exits learn the data)", "distill": "self-d
              "baseline": "recipe off"}
 
 
+SHORT_NAMES = {"layerskip": "LayerSkip (data)", "distill": "self-distillation", "baseline": "recipe off"}
+
+
 def recipe_shown(t, seconds: dict | None = None):
-    """:func:`recipe_table` as chapter 6 prints it (``seconds``: {run: seconds a step})."""
+    """:func:`recipe_table` as chapter 6 prints it (``seconds``: {run: seconds a step}; agreement and the
+    perplexity changes with their 95% intervals)."""
     import pandas as pd
 
     from .chapter import ci
 
     layers = [int(c[3:]) for c in t.columns if c.startswith("ag_") and not c.endswith(("_lo", "_hi"))]
-    out = {"run": [RUN_NAMES.get(r, r) for r in t["run"]]}
+    out = {"run": [SHORT_NAMES.get(r, r) for r in t["run"]]}
     for l in layers:
-        out[f"agreement at layer {l} [95% CI]"] = [ci(r, f"ag_{l}") for _, r in t.iterrows()]
-    out["last-layer perplexity"] = [ci(r, "ppl") for _, r in t.iterrows()]
-    out["change vs released"] = [ci(r, "ppl_vs_before", "{:+.1%}") for _, r in t.iterrows()]
+        out[f"agreement, layer {l}"] = [ci(r, f"ag_{l}") for _, r in t.iterrows()]
+    out["last-layer perplexity"] = [f"{r['ppl']:.2f}" for _, r in t.iterrows()]
+    out["vs released"] = [ci(r, "ppl_vs_before", "{:+.1%}") for _, r in t.iterrows()]
     if "ppl_vs_baseline" in t:
-        out["change vs recipe off"] = ["(reference)" if r["run"] == "baseline" else ci(r, "ppl_vs_baseline", "{:+.1%}")
-                                       for _, r in t.iterrows()]
+        out["vs recipe off"] = ["reference" if r["run"] == "baseline" else ci(r, "ppl_vs_baseline", "{:+.1%}")
+                                for _, r in t.iterrows()]
     if seconds:
-        out["s / step"] = [f"{seconds[r]:.1f}" for r in t["run"]]
+        out["s/step"] = [f"{seconds[r]:.1f}" for r in t["run"]]
     return pd.DataFrame(out)
