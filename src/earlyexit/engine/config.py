@@ -38,8 +38,9 @@ class DecodeConfig:
     ``method`` is ``"early-exit"`` (an exit rule with a fill strategy), ``"self-speculation"`` (LayerSkip:
     draft with the first ``exit_layer`` layers, ``draft_len`` tokens a round, verify with the rest over one
     cache), ``"hf-assistant"`` (transformers' ``generate(assistant_early_exit=...)``, the same idea, as a
-    peer) or ``"economize"`` (the economize library's drafters, a second peer: :mod:`earlyexit.engine.peers`). ``rule_args`` holds the rule's arguments as sorted (name, value) pairs; build configurations with
-    the class methods, which take them as keywords.
+    peer) or ``"economize"`` (the economize library's drafters, a second peer: :mod:`earlyexit.engine.peers`).
+    ``rule_args`` holds the rule's arguments as sorted (name, value) pairs; build configurations with the class
+    methods, which take them as keywords.
     """
 
     method: str = "early-exit"
