@@ -44,25 +44,30 @@ def tokens_per_round(alpha, d: int):
     return sum(a ** i for i in range(d + 1))
 
 
+def _round_in_steps(L: int, E: int, d: int, units: pd.DataFrame, shortlist: bool) -> float:
+    """T_round / T_full: what a round costs in full-depth decoding steps."""
+    t_full = costmodel.predict(full_calls(L), units)["total"]
+    return costmodel.predict(round_calls(L, E, d, shortlist), units)["total"] / t_full
+
+
 def speedup(alpha, L: int, E: int, d: int, units: pd.DataFrame, shortlist: bool = False):
     """Predicted speed-up over full depth at per-draft acceptance ``alpha`` (scalar or array)."""
-    t_full = costmodel.predict(full_calls(L), units)["total"]
-    t_round = costmodel.predict(round_calls(L, E, d, shortlist), units)["total"]
-    return tokens_per_round(alpha, d) * t_full / t_round
+    return tokens_per_round(alpha, d) / _round_in_steps(L, E, d, units, shortlist)
 
 
 def needed_acceptance(L: int, E: int, d: int, units: pd.DataFrame, target: float = 1.0,
                       shortlist: bool = False) -> float:
     """The per-draft acceptance at which the predicted speed-up reaches ``target``; NaN when even α = 1
     (every draft accepted) falls short."""
-    if speedup(1.0, L, E, d, units, shortlist) < target:
+    need = target * _round_in_steps(L, E, d, units, shortlist)     # tokens a round must emit
+    if tokens_per_round(1.0, d) < need:
         return float("nan")
-    if speedup(0.0, L, E, d, units, shortlist) >= target:
+    if tokens_per_round(0.0, d) >= need:
         return 0.0
     lo, hi = 0.0, 1.0
-    for _ in range(60):                        # the speed-up grows with α: bisection
+    for _ in range(60):                        # tokens per round grow with α: bisection
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if speedup(mid, L, E, d, units, shortlist) < target else (lo, mid)
+        lo, hi = (mid, hi) if tokens_per_round(mid, d) < need else (lo, mid)
     return (lo + hi) / 2
 
 

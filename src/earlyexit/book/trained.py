@@ -30,7 +30,7 @@ def recipes(p) -> dict[str, Recipe]:
                        curriculum=g("curriculum"), curriculum_param=g("curriculum_param"), seed=g("seed"),
                        train_embeddings=g("train_embeddings"), checkpoint_every=g("checkpoint_every"),
                        keep_checkpoints=1, keep_weights=True)
-    variants = p.get("variants", ()) if hasattr(p, "get") else ()
+    variants = p.get("variants", ())
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown variants {unknown}; valid: {', '.join(VARIANTS)}")

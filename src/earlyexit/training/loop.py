@@ -85,11 +85,13 @@ def _save_checkpoint(checkpoint_dir: Path, model, weights: dict, opt_state: dict
                                                          "history": history}, indent=1))
     older = sorted(p for p in checkpoint_dir.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name))
     stale = [p for p in checkpoint_dir.iterdir() if p.name.startswith(".tmp_step_")]  # from a killed run
-    for p in stale + ([] if cfg.keep_weights else older[:-cfg.keep_checkpoints]):
+    for p in stale:
         shutil.rmtree(p, ignore_errors=True)
-    if cfg.keep_weights:                         # a snapshot: the weights stay, the optimizer state goes
-        for p in older[:-cfg.keep_checkpoints]:
+    for p in older[:-cfg.keep_checkpoints]:
+        if cfg.keep_weights:                     # a snapshot: the weights stay, the optimizer state goes
             (p / "train_state.pt").unlink(missing_ok=True)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
     return final
 
 
