@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from contention import CONDITIONS, condition
 from earlyexit import paths
 from earlyexit.book import runner
 
@@ -28,12 +28,6 @@ import sys, papermill as pm, json
 pm.execute_notebook(sys.argv[1], sys.argv[2], parameters=json.loads(sys.argv[3]), kernel_name=sys.argv[4],
                     progress_bar=False, log_output=False, cwd=sys.argv[5])
 """
-
-
-def _spin(stop):
-    x = 0
-    while not stop.is_set():
-        x += 1
 
 
 def _glued(path: Path, key: str):
@@ -76,7 +70,7 @@ def main():
     for s in a.set:
         k, _, v = s.partition("=")
         over[k] = yaml.safe_load(v)
-    conds = ["quiet", "one busy process"]
+    conds = list(CONDITIONS)
     if a.order == "busy-first":
         conds.reverse()
     print(f"profile={a.profile} overrides={over or 'none'}; each chapter cold, in a fresh data folder")
@@ -86,17 +80,8 @@ def main():
         params.update({k: v for k, v in over.items() if k in params})
         got = {}
         for cond in conds:
-            stop = mp.Event()
-            hog = mp.Process(target=_spin, args=(stop,), daemon=True) if cond != "quiet" else None
-            if hog:
-                hog.start()
-                time.sleep(0.5)
-            try:
+            with condition(cond):
                 got[cond] = run_cold(name, params)
-            finally:
-                if hog:
-                    stop.set()
-                    hog.join()
             print(f"{name:<24} {cond:<18} {got[cond][1]:>7} {got[cond][0]:9.1f}", flush=True)
         print(f"{name:<24} busy / quiet = {got['one busy process'][0] / got['quiet'][0]:.2f}")
 

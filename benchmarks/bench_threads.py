@@ -10,11 +10,10 @@ and each condition's best thread count: the evidence behind the profiles' thread
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import statistics
-import time
 
 import torch
+from contention import CONDITIONS, condition
 
 from earlyexit.book import runner
 from earlyexit.corpus import encode, load_prompts
@@ -23,12 +22,6 @@ from earlyexit.engine.models import load_model, resolve_threads
 from earlyexit.training.checkpoints import Batches
 from earlyexit.training.loop import train
 from earlyexit.training.recipe import TrainConfig
-
-
-def _spin(stop):
-    x = 0
-    while not stop.is_set():
-        x += 1
 
 
 def measure(lm, ids, n_tokens: int, cfg: TrainConfig, reps: int) -> tuple[float, float]:
@@ -61,24 +54,15 @@ def main():
           f"{cfg.batch_size} x {cfg.seq_len} tokens")
     print(f"{'condition':<22} {'threads':>7} {'decode tok/s':>13} {'train s/step':>13}")
     results = {}
-    for cond in ("quiet", "one busy process"):
-        stop = mp.Event()
-        hog = mp.Process(target=_spin, args=(stop,), daemon=True) if cond != "quiet" else None
-        if hog:
-            hog.start()
-            time.sleep(0.5)
-        try:
+    for cond in CONDITIONS:
+        with condition(cond):
             n_auto, why = resolve_threads("auto")
             print(f"{cond:<22} threads: auto resolves to {n_auto} ({why})", flush=True)
             for n in counts:
                 torch.set_num_threads(n)
                 results[cond, n] = measure(lm, ids, a.tokens, cfg, a.reps)
                 print(f"{cond:<22} {n:>7} {results[cond, n][0]:13.1f} {results[cond, n][1]:13.2f}", flush=True)
-        finally:
-            if hog:
-                stop.set()
-                hog.join()
-    for cond in ("quiet", "one busy process"):
+    for cond in CONDITIONS:
         d = max(counts, key=lambda n: results[cond, n][0])
         t = min(counts, key=lambda n: results[cond, n][1])
         print(f"best under '{cond}': decoding {d} thread(s), training {t} thread(s)")

@@ -15,16 +15,6 @@ def lm():
     return load_model("tiny-llama", device="cpu")
 
 
-@pytest.fixture(scope="module")
-def counts_dir(tmp_path_factory):
-    from earlyexit import paths
-
-    root = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(paths, "CACHE", root)
-        yield root
-
-
 def prompts():
     g = torch.Generator().manual_seed(3)
     return [torch.randint(3, 5000, (10,), generator=g).tolist() for _ in range(3)]

@@ -65,17 +65,6 @@ def lm():
     return load_model("tiny-llama", device="cpu")   # with its tokenizer, which counts token frequencies
 
 
-@pytest.fixture(scope="module")
-def counts_dir(tmp_path_factory):
-    """One result cache for the module: the token counts are made once (about a million tokens)."""
-    from earlyexit import paths
-
-    root = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(paths, "CACHE", root)
-        yield root
-
-
 @pytest.mark.parametrize("kw", [{"shortlist": 16}, {"shortlist": 4096}, {"shortlist": 10**9}, {"confidence": 0.2},
                                 {"shortlist": 256, "confidence": 0.6}])
 def test_shortlist_drafts_and_adaptive_length_stay_lossless(lm, counts_dir, kw):

@@ -99,18 +99,9 @@ def test_kept_weights_along_the_run_load_as_they_were_at_each_step(tmp_path):
     # only the newest keeps its optimizer state (it alone can be resumed); the older ones keep their weights
     assert [(p / "train_state.pt").exists() for p in snaps.values()] == [False, False, False, True]
     # step 2's weights are those of the same run stopped after its second step
-    from earlyexit.training.loop import latest_checkpoint, load_checkpoint_weights, train
+    from earlyexit.training.loop import latest_checkpoint, load_checkpoint_weights
 
-    lm0 = tr._base_loaded(r)
-    batches = tr.Batches(lm0.tokenizer, 2, 16, 0)
-
-    def two_steps(step):
-        if step >= 2:
-            raise KeyboardInterrupt
-        return batches(step)
-
-    with pytest.raises(KeyboardInterrupt):
-        train(lm0.model, two_steps, r.cfg, checkpoint_dir=tmp_path / "stopped", progress=False)
+    train_stopped_at(r, tmp_path / "stopped", 2)
     stopped = tr._base_loaded(r).model
     load_checkpoint_weights(stopped, latest_checkpoint(tmp_path / "stopped"))
     at2 = tr.load(r, device="cpu", root=tmp_path, step=2).model.state_dict()
@@ -127,6 +118,26 @@ def test_kept_weights_along_the_run_load_as_they_were_at_each_step(tmp_path):
     assert list(tr.snapshots(plain, tmp_path / "plain")) == [3]
 
 
+def train_stopped_at(recipe, checkpoint_dir, step: int) -> None:
+    """Train ``recipe`` into ``checkpoint_dir`` as if killed when asked for the batch of ``step`` (0-based): the
+    checkpoints written before it stay behind."""
+    from earlyexit.training.loop import train
+
+    class Stop(Exception):
+        pass
+
+    lm0 = tr._base_loaded(recipe)
+    batches = tr.Batches(lm0.tokenizer, recipe.cfg.batch_size, recipe.cfg.seq_len, recipe.data_seed)
+
+    def until(s):
+        if s >= step:
+            raise Stop
+        return batches(s)
+
+    with pytest.raises(Stop):
+        train(lm0.model, until, recipe.cfg, checkpoint_dir=checkpoint_dir, progress=False)
+
+
 def test_load_without_training_names_the_command(tmp_path):
     with pytest.raises(FileNotFoundError, match="python -m earlyexit train --profile"):
         tr.load(tr.Recipe("tiny-llama", small()), root=tmp_path, train_if_missing=False)
@@ -136,23 +147,7 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
     r = tr.Recipe("tiny-llama", small(steps=4, checkpoint_every=2))
     straight = tr.ensure(r, root=tmp_path / "a", progress=False)
     # an interrupted run: the 4-step recipe killed during step 3 leaves its step-2 checkpoint behind
-    from earlyexit.training.loop import train
-
-    d = r.directory(tmp_path / "b")
-    lm0 = tr._base_loaded(r)
-
-    class Stop(Exception):
-        pass
-
-    batches = tr.Batches(lm0.tokenizer, 2, 16, 0)
-
-    def stop_after_two(step):
-        if step >= 2:
-            raise Stop
-        return batches(step)
-
-    with pytest.raises(Stop):
-        train(lm0.model, stop_after_two, r.cfg, checkpoint_dir=d, progress=False)
+    train_stopped_at(r, r.directory(tmp_path / "b"), 2)
     assert not tr.is_complete(r, tmp_path / "b")
     resumed = tr.ensure(r, root=tmp_path / "b", progress=False)
     assert resumed.trained_now and tr.is_complete(r, tmp_path / "b")
