@@ -33,6 +33,7 @@ RACE = textwrap.dedent("""
     for i in range(n):
         def compute(i=i):
             print(f"computed {i}", flush=True)
+            time.sleep(0.01)            # a point takes time: the other process is up before this one is done
             return pd.DataFrame({"i": [i] * 40, "v": np.arange(40) * (i + 0.5), "s": [f"row {k}" for k in range(40)]})
         key = 0 if refresh else i
         df = store.cached("race", {"i": key}, compute, root=root, model="w" * 64, refresh=refresh)
