@@ -126,3 +126,29 @@ def test_decisions_table_prices_the_three_rules_under_each_cache(lm, trained, tm
         decisions.row(t, "margin", "naive-mask")
     with pytest.raises(ValueError, match="no fill strategy"):
         decisions.table(lm, es, 5, P, [], min_layer=2, classifier=str(folder))
+
+
+def test_a_classifier_another_process_is_training_is_waited_for_not_trained_again(lm, trained, tmp_path, monkeypatch):
+    """Chapters run at once need one classifier: the one that finds it claimed waits and reads it."""
+    import shutil
+    import threading
+    import time
+
+    from earlyexit import claims
+    import earlyexit.training.classifier as mod
+
+    root, folder = trained
+    target = C.directory(lm, CFG, tmp_path)
+    held = claims.acquire(target.with_name(target.name + ".claim"), "classifier (the other process)")
+    monkeypatch.setattr(mod, "oracle_labels", lambda *a, **k: pytest.fail("trained again"))
+
+    def other():                      # the holder finishes its classifier, then lets go
+        time.sleep(0.3)
+        shutil.copytree(folder, target)
+        held.release()
+
+    t = threading.Thread(target=other)
+    t.start()
+    got = C.ensure(lm, CFG, root=tmp_path)
+    t.join()
+    assert got == target and (got / "classifier.json").is_file()

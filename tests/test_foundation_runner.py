@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from earlyexit import paths
-from earlyexit.book import params, runner
+from earlyexit.book import jobs, params, runner
 from earlyexit.book.params import Param
 
 
@@ -114,3 +114,65 @@ def test_a_misspelt_papermill_parameter_fails_in_the_first_cell(book, capsys):
     assert e.value.ename == "ValueError"
     assert "unknown parameter 'xx' (did you mean 'x'?)" in e.value.evalue
     json.loads((book / "out.ipynb").read_text())
+
+
+# ------------------------------------------------------------------------------ several notebooks at once
+
+def test_job_order_and_who_may_start():
+    names = ["01", "02", "06", "07", "root"]
+    alone = {"06", "root"}
+    assert jobs.job_order(names, alone, "root") == ["06", "01", "02", "07", "root"]
+    assert jobs.runs_alone("06", {"threads": "auto"}, "root") and jobs.runs_alone("x", {"threads": 2}, "root")
+    assert jobs.runs_alone("root", {"threads": 1}, "root") and not jobs.runs_alone("02", {"threads": 1}, "root")
+    assert jobs.may_start("06", {}, 2, alone)                       # alone, when nothing runs
+    assert not jobs.may_start("06", {"01": 0}, 2, alone)            # ... and only then
+    assert not jobs.may_start("01", {"06": 0}, 2, alone)            # nothing beside one that runs alone
+    assert jobs.may_start("02", {"01": 0}, 2, alone) and not jobs.may_start("07", {"01": 0, "02": 0}, 2, alone)
+    assert not jobs.may_start("02", {"01": 0}, 1, alone)
+
+
+JOB = ("import json, sys, time; t0 = time.time(); time.sleep(float(sys.argv[2])); "
+       "open(sys.argv[3], 'a').write(json.dumps([sys.argv[1], t0, time.time()]) + '\\n'); "
+       "sys.exit(1 if sys.argv[1] == 'bad' else 0)")
+
+
+def _spans(path):
+    return {n: (a, b) for n, a, b in (json.loads(ln) for ln in path.read_text().splitlines())}
+
+
+def test_jobs_run_two_at_a_time_and_the_alone_ones_by_themselves(book, capsys):
+    import sys
+
+    log = book / "spans.jsonl"
+    order = ["06", "01", "02", "03", "root"]
+    rc = jobs.run_jobs(order, {"06", "root"}, 2, lambda n: [sys.executable, "-c", JOB, n, "0.6", str(log)])
+    assert rc == 0
+    s = _spans(log)
+    overlap = lambda a, b: s[a][0] < s[b][1] and s[b][0] < s[a][1]  # noqa: E731
+    assert overlap("01", "02"), "two 1-thread notebooks run side by side"
+    assert not any(overlap("06", n) or overlap("root", n) for n in ("01", "02", "03"))
+    assert s["root"][0] >= max(b for _, b in s.values() if b != s["root"][1]) - 0.01
+    assert "[5/5]" in capsys.readouterr().out
+    assert (book / "book" / "generated" / ".logs" / "01.log").exists()
+
+
+def test_a_failed_job_lets_the_running_one_finish_and_starts_no_other(book, capsys):
+    import sys
+
+    log = book / "spans.jsonl"
+    times = {"bad": "0.1", "slow": "1.0", "later": "0.1"}
+    rc = jobs.run_jobs(["bad", "slow", "later"], set(), 2,
+                         lambda n: [sys.executable, "-c", JOB, n, times[n], str(log)])
+    assert rc == 1
+    assert set(_spans(log)) == {"bad", "slow"}, "the running one finishes; the next is not started"
+    err = capsys.readouterr().err
+    assert "error: bad failed (exit code 1)" in err and "not started after the failure: later" in err
+
+
+def test_jobs_must_be_a_positive_count(book, capsys):
+    (book / "profiles" / "t.yml").write_text("jobs: 0\nnotebooks:\n  zz_ok: {x: 5}\n")
+    assert runner.main(["--profile", "t", "--no-build"]) == 2
+    assert "jobs must be a positive integer" in capsys.readouterr().err
+    (book / "profiles" / "t.yml").write_text("notebooks:\n  zz_ok: {x: 5}\n")
+    assert runner.main(["--profile", "t", "--no-build", "--jobs", "0"]) == 2
+    assert "--jobs must be at least 1" in capsys.readouterr().err

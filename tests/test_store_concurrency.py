@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from earlyexit.book import claims, store
+from earlyexit import claims
+from earlyexit.book import store
 
 W = "w" * 64
 ENV = {**os.environ, "EARLYEXIT_PROGRESS": "0", "PYTHONUNBUFFERED": "1"}

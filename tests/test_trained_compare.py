@@ -90,6 +90,40 @@ def test_ensure_trains_once_then_reuses_and_load_gives_those_weights(tmp_path):
     assert tr.history_frame(run)["step"].tolist() == [1, 2, 3]
 
 
+ENSURE_RACE = """
+import json, os, pathlib, sys, time
+from earlyexit.training import checkpoints as tr
+from earlyexit.training.recipe import TrainConfig
+up = pathlib.Path(sys.argv[2]); up.mkdir(exist_ok=True); (up / str(os.getpid())).touch()
+while len(list(up.iterdir())) < 2:
+    time.sleep(0.001)
+r = tr.Recipe("tiny-llama", TrainConfig(steps=6, batch_size=2, seq_len=16, warmup=1, curriculum_param=2,
+                                        checkpoint_every=1))
+run = tr.ensure(r, root=pathlib.Path(sys.argv[1]), progress=False)
+print(json.dumps({"trained_now": run.trained_now, "loss": run.history["loss"], "ck": run.checkpoint.name}))
+"""
+
+
+def test_two_processes_that_need_one_checkpoint_train_it_once(tmp_path):
+    """Two chapters run at once both need chapter 6's checkpoint: one trains it under a claim, the other waits
+    and reads the same run (without the claim both would train into one folder)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EARLYEXIT_PROGRESS": "0"}
+    procs = [subprocess.Popen([sys.executable, "-c", ENSURE_RACE, str(tmp_path / "ck"), str(tmp_path / "up")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(o["trained_now"] for o in outs) == [False, True]
+    assert outs[0]["loss"] == outs[1]["loss"] and outs[0]["ck"] == outs[1]["ck"] == "step_00000006"
+    assert not list((tmp_path / "ck").glob("*.claim")), "the claim is released"
+
+
 def test_kept_weights_along_the_run_load_as_they_were_at_each_step(tmp_path):
     r = tr.Recipe("tiny-llama", small(steps=4, checkpoint_every=1, keep_checkpoints=1, keep_weights=True))
     assert r.key() == tr.Recipe("tiny-llama", small(steps=4, checkpoint_every=1, keep_checkpoints=1)).key()
@@ -174,6 +208,13 @@ def test_recipes_follow_chapter_six_parameters():
     b, s = rs["scratch-baseline"], rs["scratch-layerskip"]
     assert (b.cfg.recipe, s.cfg.recipe) == (False, True)
     assert replace(b.cfg, recipe=True) == s.cfg and b.base == s.base and b.data_seed == s.data_seed
+    assert not ls.amp_cpu and not rs["scratch-layerskip"].cfg.amp_cpu
+    amp = trained.recipes({**p, "amp_cpu": True})
+    assert all(amp[k].cfg == replace(rs[k].cfg, amp_cpu=True) for k in ("layerskip", "baseline", "distill"))
+    assert amp["scratch-layerskip"].cfg == s.cfg, "the from-scratch pair keeps float32"
+    assert amp["layerskip"].key() != rs["layerskip"].key()
+    assert trained.precision(ls, "cpu") == "float32" and trained.precision(amp["layerskip"].cfg, "cpu").startswith("bfloat16")
+    assert trained.precision(ls, "cuda").startswith("bfloat16"), "amp (on CUDA) is on by default"
     smoke = trained.recipes_for_profile("smoke")
     assert smoke["layerskip"].base == "tiny-llama"
     with pytest.raises(ValueError, match="trains 'tiny-llama' in chapter 6, not 'smollm2-135m'"):
@@ -261,6 +302,30 @@ def test_method_points_cover_every_method_and_self_speculation_is_exact(tiny, ca
     # self-speculation's layers count decoding steps only, like the other methods: at most L per draft
     # token plus the verification, never the prompt pass
     assert (spec["layers"] < 2 * lm.num_layers * 3).all() and (spec["layers"] > 0).all()
+
+
+def test_chapter_sevens_drafters_in_the_table_are_lossless_and_read_back_from_the_cache(tiny, cache_dir, monkeypatch):
+    lm, es = tiny
+    sset = es.subset(2)
+    L = lm.num_layers
+    p7 = {"shortlist": 64, "draft_confidence": 0.5, "skip_layers": [1, 2], "skip_blocks": 2,
+          "skip_block_tokens": 16, "seed": 0}
+    pts = compare.drafter_points(lm, sset, N, [(2, 2), (3, 2)], p7, L, plain=True)
+    assert set(pts["method"]) == {"self-speculation", *compare.DRAFTERS}
+    assert (pts["consistency"] == 1.0).all() and (pts["exact_match"] == 1.0).all(), "every drafter is lossless"
+    assert pts[pts.method == "layer-skip drafter"]["label"].str.contains("skip 2 layers").any()
+    assert pts[pts.method == "self-speculation, shortlist"]["label"].str.contains("K=64").all()
+    assert len(compare.drafter_points(lm, sset, N, [(2, 2), (3, 2)], p7, L)) == len(pts) - 2 * len(sset)
+    # a second call times nothing: chapter 8 reads chapter 7's points
+    from earlyexit.book import timing
+    monkeypatch.setattr(timing, "best_of", lambda *a, **k: pytest.fail("timed again"))
+    again = compare.drafter_points(lm, sset, N, [(2, 2), (3, 2)], p7, L, plain=True)
+    pd.testing.assert_frame_equal(again, pts)
+    summ = compare.summarize(pts.assign(model="m"), n_boot=100, by=("model", "method", "label"))
+    top = compare.fastest_lossless(summ)
+    assert top.loc["m", "speed"] == summ["speed"].max()
+    tab = compare.wide_table(compare.best_at(summ, 0.95, by=("model", "method")), {"m": "M"}, {"m": L})
+    assert tab["method"].tolist() == ["self-speculation", *compare.DRAFTERS]
 
 
 def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cache_dir):

@@ -17,3 +17,11 @@ def bar(iterable=None, *, show: bool = True, **kw):
     from tqdm.auto import tqdm
 
     return tqdm(iterable, disable=not (show and enabled()), **kw)
+
+
+def say(message: str) -> None:
+    """``message`` on stderr, only where progress may be shown (:func:`enabled`): a terminal, not a book page."""
+    import sys
+
+    if enabled():
+        print(message, file=sys.stderr, flush=True)

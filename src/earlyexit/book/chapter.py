@@ -27,7 +27,8 @@ def display_name(spec: str) -> str:
 def model_names(spec: str) -> dict:
     """Display names of chapter 8's models (released, trained, from scratch) for the model ``spec``."""
     name = display_name(spec)
-    return {"released": name, "trained": f"{name} + LayerSkip", "scratch-baseline": "from scratch, baseline",
+    return {"released": name, "trained": f"{name} + LayerSkip", "distill": f"{name} + self-distillation",
+            "scratch-baseline": "from scratch, baseline",
             "scratch-layerskip": "from scratch, LayerSkip"}
 
 

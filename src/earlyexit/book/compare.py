@@ -70,11 +70,67 @@ def method_points(lm, es: EvalSet, n_new: int, *, rule: str, thresholds, min_lay
     for E, d in spec:
         peer = timing.has_spec_point(lm, sset, n_new, int(E), int(d), spec_repeats)  # reuse chapter 7's timing
         sp = timing.spec_point(lm, sset, n_new, int(E), int(d), repeats=spec_repeats, peer=peer)
-        frames.append(pd.DataFrame({
-            "prompt": sp["prompt"], "method": "self-speculation", "rule": "self-speculation",
-            "strategy": "self-speculation", "label": [DecodeConfig.self_speculation(int(E), int(d)).label] * len(sp),
-            "layers": sp["layers"], "consistency": np.where(sp["lossless"], 1.0, np.nan),
-            "exact_match": sp["lossless"].astype(float), "speed": sp["speedup"], "acceptance": sp["acceptance"]}))
+        frames.append(_spec_rows(sp, "self-speculation", DecodeConfig.self_speculation(int(E), int(d))))
+    return pd.concat(frames, ignore_index=True)
+
+
+DRAFTERS = ("self-speculation, shortlist", "self-speculation, adaptive d", "layer-skip drafter")
+
+
+def _spec_rows(sp: pd.DataFrame, method: str, cfg: DecodeConfig) -> pd.DataFrame:
+    return pd.DataFrame({
+        "prompt": sp["prompt"], "method": method, "rule": "self-speculation", "strategy": "self-speculation",
+        "label": [cfg.label] * len(sp), "layers": sp["layers"], "consistency": np.where(sp["lossless"], 1.0, np.nan),
+        "exact_match": sp["lossless"].astype(float), "speed": sp["speedup"], "acceptance": sp["acceptance"]})
+
+
+def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers: int, repeats: int = 1,
+                   plain: bool = False) -> pd.DataFrame:
+    """Chapter 7's drafters on ``lm``, as rows of :func:`method_points`: at the model's fastest plain (E, d) of
+    ``spec`` (timed), the shortlist draft head (``p7["shortlist"]`` rows) and the adaptive draft length
+    (``p7["draft_confidence"]``, d up to the longest of ``spec``, full head and shortlist); and the training-free
+    layer-skipping drafter (``p7["skip_layers"]`` of ``released_layers`` layers left out, scaled to ``lm``'s depth,
+    chosen by :func:`~earlyexit.book.probes.skip_search` on chapter 7's blocks) at every d of ``spec``. With
+    ``plain`` the plain grid's rows too (a model :func:`model_points` does not cover). The parameters are chapter
+    7's, so its timed points are read from the result cache, not timed again."""
+    from . import probes
+
+    L = lm.num_layers
+    SS = DecodeConfig.self_speculation
+    grid = {(int(E), int(d)): timing.spec_point(lm, spec_set, n_new, int(E), int(d), repeats=repeats,
+                                                 peer=timing.has_spec_point(lm, spec_set, n_new, int(E), int(d), repeats))
+            for E, d in spec}
+    frames = [_spec_rows(g, "self-speculation", SS(E, d)) for (E, d), g in grid.items()] if plain else []
+    bE, bd = max(grid, key=lambda k: float(grid[k]["speedup"].mean()))
+    d_max = max(d for _, d in grid)
+    K, c = int(p7["shortlist"]), float(p7["draft_confidence"])
+    for method, E, d, kw in (("self-speculation, shortlist", bE, bd, dict(shortlist=K)),
+                             ("self-speculation, adaptive d", bE, d_max, dict(confidence=c)),
+                             ("self-speculation, adaptive d", bE, d_max, dict(shortlist=K, confidence=c))):
+        sp = timing.spec_point(lm, spec_set, n_new, E, d, repeats=repeats, peer=False, **kw)
+        frames.append(_spec_rows(sp, method, SS(E, d, **kw)))
+    n_skip = [n for n in scale_layers(p7["skip_layers"], released_layers, L, 1, L - 2)]
+    path = probes.skip_search(lm, p7["skip_blocks"], p7["skip_block_tokens"], max(n_skip), seed=p7["seed"])
+    path = path.set_index("n_skip")
+    for n in n_skip:
+        skip = tuple(int(x) for x in path.loc[n, "skip"].split())
+        for d in sorted({d for _, d in grid}):
+            sp = timing.spec_point(lm, spec_set, n_new, L, d, repeats=repeats, peer=False, skip=skip)
+            frames.append(_spec_rows(sp, "layer-skip drafter", SS(L, d, skip=skip)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def drafters(models: dict, released_layers: int, spec_set: EvalSet, n_new: int, p, p7) -> pd.DataFrame:
+    """:func:`drafter_points` for each model of ``models`` (key -> LoadedModel) with chapter 8's parameters ``p``
+    and chapter 7's ``p7``; the plain grid too for a model chapter 8's sweep does not cover (not in ``p["models"]``).
+    Adds ``model``, ``L``."""
+    frames = []
+    for key, lm in models.items():
+        L = lm.num_layers
+        spec = [(E, d) for E in scale_layers(p["exit_layers"], released_layers, L, 1, L - 1) for d in p["draft_lens"]]
+        pts = drafter_points(lm, spec_set, n_new, spec, p7, released_layers, p["timing_repeats"],
+                             plain=key not in p["models"])
+        frames.append(pts.assign(model=key, L=L))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -122,6 +178,13 @@ def best_at(summ: pd.DataFrame, target: float = 0.95, by=("method",)) -> pd.Data
             g.sort_values(["consistency", "layers"], ascending=[False, True]).iloc[0]
         rows.append({**r.to_dict(), "meets": bool(len(ok))})
     return pd.DataFrame(rows)
+
+
+def fastest_lossless(summ: pd.DataFrame) -> pd.DataFrame:
+    """Per model of a :func:`summarize` table, its fastest point whose every output equals full depth's
+    (consistency 1: the self-speculative drafters); indexed by model."""
+    ok = summ[summ["consistency"] >= 1 - 1e-9]
+    return ok.loc[ok.groupby("model", sort=False)["speed"].idxmax()].set_index("model")
 
 
 def pareto_front(summ: pd.DataFrame, x: str = "layers", y: str = "consistency", lower_x_is_better: bool = True):
@@ -243,7 +306,8 @@ def wide_table(best: pd.DataFrame, names: dict, layers: dict, never: float = 0.5
             [f"{r.label}{' (never exits)' if t else ''}: {r.consistency:.2f}{' ✓' if r.meets else ''}, {r.speed:.2f}×"
              for r, t in zip(b.itertuples(), trivial)], index=b.index)
     out = pd.DataFrame(cols)
-    order = [m for m in METHODS if m in out.index] + [m for m in out.index if m not in METHODS]
+    shown = [m for m in METHODS if m not in BOUNDS] + list(DRAFTERS) + list(BOUNDS)   # drafters after LayerSkip's
+    order = [m for m in shown if m in out.index] + [m for m in out.index if m not in shown]
     out = out.loc[order].fillna("")
     out.index.name = "method"
     return out.reset_index()

@@ -20,6 +20,7 @@ PROFILE_KEYS = {
               + ", ".join(params_mod.COMMON) + ")",
     "notebooks": "per-notebook parameters: {notebook name: {parameter: value}}",
     "timeout_s": "longest a single cell may run, in seconds (default: no limit)",
+    "jobs": "notebooks executed at once (default 1); a notebook whose threads is not 1, and the front page, run alone",
 }
 
 
@@ -80,6 +81,7 @@ class Profile:
     common: dict
     notebooks: dict
     timeout_s: int | None
+    jobs: int = 1
 
     def parameters(self, notebook: str) -> params_mod.Params:
         """The validated parameters of ``notebook`` under this profile (defaults filled in)."""
@@ -123,7 +125,11 @@ def load_profile(name: str, profiles_dir: Path | None = None, notebooks: list[st
     timeout = data.get("timeout_s")
     if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0):
         problems.append(f"timeout_s must be a positive integer number of seconds, got {timeout!r}")
-    prof = Profile(name, str(data.get("description", "")), dict(common), {}, timeout)
+    jobs = data.get("jobs", 1)
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        problems.append(f"jobs must be a positive integer (notebooks executed at once), got {jobs!r}")
+        jobs = 1
+    prof = Profile(name, str(data.get("description", "")), dict(common), {}, timeout, jobs)
     for nb, values in nbs.items():
         if nb not in known:
             problems.append(f"notebooks: unknown notebook {nb!r}{params_mod.suggest(nb, known)}; known: {', '.join(known)}")

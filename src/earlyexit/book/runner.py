@@ -1,6 +1,6 @@
 """Execute the book's notebooks under a profile with papermill, then build the HTML.
 
-    python -m earlyexit book --profile {smoke,cpu,gpu} [--only NAME ...] [--rerun] [--no-build]
+    python -m earlyexit book --profile {smoke,cpu,gpu} [--only NAME ...] [--rerun] [--no-build] [--jobs N]
 
 The table of contents (_toc.yml) is the list of chapters. An entry ``book/generated/<name>`` is an
 executed notebook: its source is ``notebooks/<name>.ipynb`` (committed without outputs), its
@@ -11,6 +11,11 @@ A notebook whose executed copy already holds the same run hash (parameters, sour
 library code) is skipped unless ``--rerun``. A notebook is executed into a temporary file that is
 renamed into place only when every cell ran; a failure stops the run, names the notebook and the
 failing cell's error, and keeps the partial output at ``book/generated/<name>.failed.ipynb``.
+With ``jobs`` above 1 (the profile's ``jobs:``, or ``--jobs``) up to that many notebooks execute at once, each
+in a child process with its output in ``book/generated/.logs/<name>.log``: a notebook whose ``threads`` is not 1
+(it takes every core) and the front page run alone, the former first, the rest in book order. Results two
+notebooks both need are computed once (the result cache and the checkpoints are claimed,
+:mod:`earlyexit.claims`). Each executed copy records in its metadata how many ran at once.
 The run ends by checking that every figure the executed notebooks published has its PNG, PDF, SVG
 and JSON sidecar under figures/ (:func:`check_figures`); a missing one fails it.
 """
@@ -28,11 +33,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import paths
+from .. import progress as progress_mod
 from ..files import atomic_write_bytes, canonical
 from . import params as params_mod
 from .profiles import (GENERATED_PREFIX, PROFILE_KEYS, Profile, UsageError,  # noqa: F401
                        available_profiles, execution_order, load_profile, toc_notebooks, toc_path, toc_root)
 from .provenance import code_version, git_info, rerun_command, software
+from .jobs import job_order, run_jobs, runs_alone
 from .rerun import RERUN_TAG, add_rerun_box, papermill_command, rerun_box  # noqa: F401
 
 
@@ -230,6 +237,19 @@ def build_html(strict: bool = True) -> int:
     return subprocess.run(cmd, cwd=paths.REPO_ROOT).returncode
 
 
+def _execute_jobs(todo: list[str], profile: Profile, jobs: int, rerun: bool, root: str | None) -> int:
+    """The out-of-date notebooks ``todo``, up to ``jobs`` at once, each in a child
+    ``python -m earlyexit book --only NAME --no-build`` (no progress bars: they would interleave)."""
+    alone = {n for n in todo if runs_alone(n, dict(profile.parameters(n)), root)}
+    env = {**os.environ, "EARLYEXIT_PROGRESS": "0", "EARLYEXIT_BOOK_JOBS": str(jobs)}
+
+    def command(name):
+        return [sys.executable, "-m", "earlyexit", "book", "--profile", profile.name, "--only", name,
+                "--no-build", "--jobs", "1"] + (["--rerun"] if rerun else [])
+
+    return run_jobs(job_order(todo, alone, root), alone, jobs, command, env, f" with profile {profile.name}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m earlyexit book",
@@ -240,6 +260,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rerun", action="store_true", help="execute even if the executed copy is up to date")
     p.add_argument("--no-build", action="store_true", help="execute only; do not build the HTML")
     p.add_argument("--no-strict", action="store_true", help="build without -W -n (warnings not errors)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="notebooks executed at once (default: the profile's jobs, else 1); a notebook whose "
+                        "threads is not 1, and the front page, always run alone")
     return p
 
 
@@ -265,6 +288,8 @@ def _plan(args) -> tuple[Profile, list[str], list[str]]:
                             f"src/earlyexit/params.py")
     if problems:
         raise UsageError("the book is not wired up:\n  - " + "\n  - ".join(problems))
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     profile = load_profile(args.profile, notebooks=names)
     selected = execution_order([n for n in names if not args.only or n in args.only], toc_root())
     return profile, names, selected
@@ -290,21 +315,32 @@ def main(argv: list[str] | None = None) -> int:
     code = code_version()
     sw = software()
     t_all = time.perf_counter()
+    jobs = args.jobs if args.jobs is not None else profile.jobs
     print(f"profile {profile.name}: {profile.description}".rstrip(": "), flush=True)
+    todo = {}
     for i, name in enumerate(selected, 1):
         parameters = dict(profile.parameters(name))
         h = run_hash(name, parameters, git["commit"], code)
-        head = f"[{i}/{len(selected)}] {name}"
         if not args.rerun and recorded(name).get("run_hash") == h:
-            print(f"{head}: up to date (profile {profile.name}), skipped; --rerun to execute anyway", flush=True)
-            continue
+            print(f"[{i}/{len(selected)}] {name}: up to date (profile {profile.name}), skipped; --rerun to execute "
+                  f"anyway", flush=True)
+        else:
+            todo[name] = (i, parameters, h)
+    if jobs > 1 and len(todo) > 1:
+        print(f"executing {len(todo)} notebooks, up to {jobs} at once", flush=True)
+        if _execute_jobs(list(todo), profile, jobs, args.rerun, toc_root()) != 0:
+            return 1
+        todo = {}
+    for name, (i, parameters, h) in todo.items():
+        head = f"[{i}/{len(selected)}] {name}"
         print(f"{head}: executing with profile {profile.name}", flush=True)
         meta = {"run_hash": h, "notebook": name, "profile": profile.name, "parameters": parameters,
                 "source": f"notebooks/{name}.ipynb", "git_commit": git["commit"], "git_dirty": git["dirty"],
-                "code_version": code, "software": sw}
+                "code_version": code, "software": sw,
+                "jobs": int(os.environ.get("EARLYEXIT_BOOK_JOBS", "1"))}
         t0 = time.perf_counter()
         try:
-            execute(name, parameters, timeout_s=profile.timeout_s, meta=meta)
+            execute(name, parameters, timeout_s=profile.timeout_s, meta=meta, progress=progress_mod.enabled())
         except NotebookFailed as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

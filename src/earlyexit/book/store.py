@@ -17,7 +17,7 @@ is detected instead of read.
 Several processes may share one store (the workers of ``python -m earlyexit sweep``, or two notebooks
 run at once). Entries appear whole (the renames above) and are checked when read, so no process ever
 takes a half-written one as complete; and a missing entry is computed under a *claim*, a lock file
-``<key>.claim`` beside it (:mod:`earlyexit.book.claims`): of several processes that need it at once, one
+``<key>.claim`` beside it (:mod:`earlyexit.claims`): of several processes that need it at once, one
 computes it and the others wait and read it. The claim of a killed process is taken over, so a
 killed worker loses only the point it was computing.
 
@@ -35,8 +35,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from .. import claims
 from ..files import atomic_write_bytes, canonical
-from . import claims, workers
+from . import workers
 
 FORMAT = 1
 
@@ -193,7 +194,7 @@ def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=N
     :class:`ResourceError` names the point and suggests lowering ``lower_hint`` (default: the
     prompt count, generation length or batch size); the original error is its ``__cause__``.
 
-    Concurrent processes (see :mod:`earlyexit.book.claims`): a missing entry is computed under a claim
+    Concurrent processes (see :mod:`earlyexit.claims`): a missing entry is computed under a claim
     file ``<key>.claim`` beside it, so that of several processes asking for it at once one computes it
     and the others wait and read it; the claim of a killed process is taken over.
     """

@@ -8,7 +8,7 @@ Each worker executes the selected notebooks with papermill exactly as the book d
 code), into a temporary folder that is deleted afterwards (executed copies and figures included): the point
 is the result store, which every worker shares. The library's sweep loops shard their points by rank
 (:mod:`earlyexit.book.workers`) and the store's claims keep two workers from computing one point
-(:mod:`earlyexit.book.claims`). Afterwards ``python -m earlyexit book --profile P`` reads every point.
+(:mod:`earlyexit.claims`). Afterwards ``python -m earlyexit book --profile P`` reads every point.
 
 Ranks: the launcher (``--workers N``) starts N processes with ``EARLYEXIT_RANK=i`` and ``EARLYEXIT_WORLD=N``;
 under torchrun each process is one worker, its rank and world size from torchrun's ``RANK`` and
@@ -33,8 +33,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import paths
-from . import claims, runner, workers
+from .. import claims, paths
+from . import runner, workers
 
 WORKER_FLAG = "EARLYEXIT_SWEEP_WORKER"  # set by the launcher in the processes it starts
 USES_CHECKPOINTS = re.compile(r"\b(?:checkpoints\.(?:ensure|load)|load_trained)\(")

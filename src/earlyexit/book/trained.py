@@ -23,13 +23,13 @@ def recipes(p) -> dict[str, Recipe]:
     ``p["variants"]`` at the same budget, data and seed (``"baseline"``: the recipe off; ``"distill"``: the
     exits learn the last layer's detached distribution), and the from-scratch pair ``"scratch-baseline"`` /
     ``"scratch-layerskip"`` (same data, steps and seed; recipe off / on). Continual runs keep the weights of
-    every checkpoint (acceptance along the run)."""
+    every checkpoint (acceptance along the run) and autocast to bfloat16 on a CPU when ``p["amp_cpu"]``."""
     g = p.__getitem__
     cont = TrainConfig(steps=g("steps"), batch_size=g("batch_size"), seq_len=g("seq_len"), lr=g("lr"),
                        warmup=g("warmup"), p_max=g("p_max"), e_scale=g("e_scale"), scale=g("scale"),
                        curriculum=g("curriculum"), curriculum_param=g("curriculum_param"), seed=g("seed"),
                        train_embeddings=g("train_embeddings"), checkpoint_every=g("checkpoint_every"),
-                       keep_checkpoints=1, keep_weights=True)
+                       keep_checkpoints=1, keep_weights=True, amp_cpu=p.get("amp_cpu", False))
     variants = p.get("variants", ())
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
@@ -62,6 +62,12 @@ def recipes_for_profile(profile: str, model: str | None = None) -> dict[str, Rec
     return recipes(p)
 
 
+
+
+def precision(cfg: TrainConfig, device_type: str) -> str:
+    """How a run with ``cfg`` computes on a ``device_type`` ("cpu", "cuda"), in words for the page."""
+    autocast = (cfg.amp and device_type == "cuda") or (cfg.amp_cpu and device_type == "cpu")
+    return "bfloat16 autocast, weights and optimizer state in float32" if autocast else "float32"
 
 
 def layer_agreement(lm, n_blocks: int, seq_len: int, batch_size: int = 4):

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import torch
 
+from .. import claims, paths
 from .. import corpus as data_mod
-from .. import paths
 from ..engine.models import (EMBEDDED, GGUF_SHA256, SCRATCH, TINY, LoadedModel, embedded_tokenizer, load_model,
                              resolve_device, resolve_dtype, sha256_file, small_model)
 from ..files import canonical
+from ..progress import say
 from . import distributed as dist_
 from .loop import CHECKPOINT_NAME, latest_checkpoint, load_checkpoint_weights, train
 from .recipe import LATER_DEFAULTS, RESUME_FREE, TrainConfig
@@ -157,8 +158,23 @@ def ensure(recipe: Recipe, device: str = "cpu", progress: bool = True, root: Pat
            parallel: str = "ddp") -> Run:
     """The finished checkpoint of ``recipe``: reused if complete, else trained (resuming a partial run).
 
+    Several processes that need the same missing checkpoint (two chapters run at once) train it once: one
+    holds a claim on it (:mod:`earlyexit.claims`, the file ``<label>-<key>.claim`` beside its folder) while
+    the others wait and then read it; a killed trainer's claim is taken over and its run resumed.
     Under ``torchrun`` every process calls this; they train together (``parallel``: "ddp" or "fsdp") and rank 0
     writes."""
+    d = recipe.directory(root)
+    if not is_complete(recipe, root) and not dist_.launched():
+        held = claims.acquire(d.with_name(d.name + ".claim"), f"training {d.name}",
+                              until=lambda: is_complete(recipe, root),
+                              on_wait=say)
+        if held is not None:
+            with held:
+                return _ensure(recipe, device, progress, root, parallel)
+    return _ensure(recipe, device, progress, root, parallel)
+
+
+def _ensure(recipe: Recipe, device: str, progress: bool, root: Path | None, parallel: str) -> Run:
     d = recipe.directory(root)
     if is_complete(recipe, root):
         ck = latest_checkpoint(d)

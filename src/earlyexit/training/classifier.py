@@ -25,11 +25,12 @@ from pathlib import Path
 
 import torch
 
-from .. import corpus, paths
+from .. import claims, corpus, paths
 from ..engine import DecodeConfig, decode
 from ..engine.adapter import adapter
 from ..engine.classifier import ExitClassifier, load_classifier, save_classifier
 from ..files import atomic_dir, canonical
+from ..progress import say
 from .forward import forward_layers
 
 FORMAT = 1
@@ -133,10 +134,20 @@ def fit(data: dict, hidden_size: int, num_layers: int, cfg: ClassifierConfig) ->
 
 def ensure(lm, cfg: ClassifierConfig, root: Path | None = None) -> Path:
     """The folder of ``lm``'s classifier for ``cfg``: reused if complete, else trained (the labels, once
-    computed, are kept beside it, so an interrupted run only redoes the fitting)."""
+    computed, are kept beside it, so an interrupted run only redoes the fitting). Of several processes that
+    need it at once, one trains it under a claim (:mod:`earlyexit.claims`) and the others wait and read it."""
     d = directory(lm, cfg, root)
-    if (d / "classifier.json").is_file():
+    done = (d / "classifier.json").is_file
+    if done():
         return d
+    held = claims.acquire(d.with_name(d.name + ".claim"), f"classifier {d.name}", until=done, on_wait=say)
+    if held is None:
+        return d
+    with held:
+        return d if done() else _train(lm, cfg, d)
+
+
+def _train(lm, cfg: ClassifierConfig, d: Path) -> Path:
     labels_dir = d.with_name(d.name + ".labels")
     labels_file = labels_dir / "labels.pt"
     if labels_file.is_file():

@@ -1,0 +1,78 @@
+"""Several notebooks at once: which may run side by side, in what order they start, and the loop that runs them.
+
+A notebook that takes every core (its ``threads`` is not 1) and the front page (it reads what the chapters
+computed) run alone; the others run up to ``jobs`` at once, one core each. :func:`run_jobs` runs any list of
+commands under these rules, each in a child process with its output in ``book/generated/.logs/<name>.log``;
+:mod:`earlyexit.book.runner` gives it one ``python -m earlyexit book --only NAME`` per out-of-date notebook.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from .. import paths
+
+
+def runs_alone(name: str, parameters: dict, root: str | None) -> bool:
+    """Whether ``name`` must run with no other notebook beside it: the front page (it reads what the chapters
+    computed) and any notebook whose ``threads`` is not 1 (it takes every core: a second process beside it would
+    leave its threads waiting for a busy core)."""
+    return name == root or parameters.get("threads", "auto") != 1
+
+
+def job_order(selected: list[str], alone: set[str], root: str | None) -> list[str]:
+    """The order notebooks start in when several run at once: those that run alone first (chapter 6's training,
+    which later chapters read, is one), then the others in book order, the front page last."""
+    first = [n for n in selected if n in alone and n != root]
+    rest = [n for n in selected if n not in alone and n != root]
+    return first + rest + ([root] if root in selected else [])
+
+
+def may_start(name: str, running, jobs: int, alone: set[str]) -> bool:
+    """Whether ``name`` may start while the notebooks ``running`` run, with at most ``jobs`` at once."""
+    if not running:
+        return True
+    return len(running) < jobs and name not in alone and not any(r in alone for r in running)
+
+
+def run_jobs(order: list[str], alone: set[str], jobs: int, command, env: dict | None = None,
+             label: str = "") -> int:
+    """Run ``command(name)`` (an argv) for each name of ``order`` in a child process, up to ``jobs`` at once,
+    starting them in that order as :func:`may_start` allows; each child's output goes to
+    book/generated/.logs/NAME.log. A failure lets the running ones finish, starts no other, and prints the
+    failed one's log tail. Returns 0, or 1 after a failure."""
+    pending = list(order)
+    logs = paths.GENERATED / ".logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    running: dict[str, tuple] = {}
+    failed: list[str] = []
+    n_done = 0
+    while pending or running:
+        while pending and not failed and may_start(pending[0], running, jobs, alone):
+            name = pending.pop(0)
+            log = open(logs / f"{name}.log", "w")
+            proc = subprocess.Popen(command(name), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    cwd=paths.REPO_ROOT)
+            running[name] = (proc, log, time.perf_counter())
+            beside = ", ".join(r for r in running if r != name)
+            print(f"{name}: executing{label}" + (f" (beside {beside})" if beside else ""), flush=True)
+        if not running:
+            break
+        time.sleep(0.2)
+        for name, (proc, log, t0) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            log.close()
+            del running[name]
+            n_done += 1
+            if proc.returncode == 0:
+                print(f"[{n_done}/{len(order)}] {name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+            else:
+                failed.append(name)
+                tail = (logs / f"{name}.log").read_text(errors="replace").strip().splitlines()[-15:]
+                print(f"error: {name} failed (exit code {proc.returncode}); log "
+                      f"{paths.relative(logs / f'{name}.log')}, last lines:\n  " + "\n  ".join(tail), file=sys.stderr)
+    if failed and pending:
+        print(f"not started after the failure: {', '.join(pending)}", file=sys.stderr)
+    return 1 if failed else 0
