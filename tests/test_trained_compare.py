@@ -328,6 +328,16 @@ def test_chapter_sevens_drafters_in_the_table_are_lossless_and_read_back_from_th
     assert tab["method"].tolist() == ["self-speculation", *compare.DRAFTERS]
 
 
+def test_never_exits_marks_only_a_rule_that_kept_the_full_model_at_full_depth():
+    best = pd.DataFrame({"model": "m", "method": ["naive-mask", "lazy-recompute", "copy-forward"],
+                         "label": ["a", "b", "c"], "layers": [8.0, 8.0, 5.0], "consistency": [1.0, 0.76, 1.0],
+                         "speed": [0.9, 0.5, 1.1], "meets": [True, False, True]})
+    cells = compare.wide_table(best, {"m": "M"}, {"m": 8}).set_index("method")["M"]
+    assert "(never exits)" in cells["naive-mask"]
+    assert "never" not in cells["lazy-recompute"], "it exits and recomputes: about L layers, output changed"
+    assert "never" not in cells["copy-forward"]
+
+
 def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cache_dir):
     lm, _ = tiny
     s = prompts.eval_set(lm, "mix", 8, 1, 48)

@@ -295,13 +295,16 @@ def table(best: pd.DataFrame) -> pd.DataFrame:
 def wide_table(best: pd.DataFrame, names: dict, layers: dict, never: float = 0.5) -> pd.DataFrame:
     """The summary table shaped for reading: one row per method, one column per model (display ``names``, in
     their order), each cell "operating point: consistency (✓ where it reaches the target), speed vs full".
-    A point whose rule never exits (``layers`` per token within ``never`` of the model's depth ``layers[model]``)
-    is marked "never exits": its consistency is the full model's by construction."""
+    A point whose rule never exits (``layers`` per token within ``never`` of the model's depth ``layers[model]``,
+    and the full model's output kept: a point that exits and recomputes its holes can also run about ``L``
+    layers a token, and it is not marked) is marked "never exits": its consistency is the full model's by
+    construction."""
     cols = {}
     keys = [k for k in names if k in set(best["model"])] + [k for k in dict.fromkeys(best["model"]) if k not in names]
     for key in keys:
         b = best[best.model == key].set_index("method")
-        trivial = (b["layers"] >= layers[key] - never) & b.index.isin([*FILL, *CLASSIFIED])   # exit rules only
+        trivial = (b["layers"] >= layers[key] - never) & (b["consistency"] >= 1 - 1e-9) \
+            & b.index.isin([*FILL, *CLASSIFIED])                                            # exit rules only
         cols[names.get(key, key)] = pd.Series(
             [f"{r.label}{' (never exits)' if t else ''}: {r.consistency:.2f}{' ✓' if r.meets else ''}, {r.speed:.2f}×"
              for r, t in zip(b.itertuples(), trivial)], index=b.index)
