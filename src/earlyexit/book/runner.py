@@ -288,8 +288,9 @@ def _plan(args) -> tuple[Profile, list[str], list[str]]:
                             f"src/earlyexit/params.py")
     if problems:
         raise UsageError("the book is not wired up:\n  - " + "\n  - ".join(problems))
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    jobs = getattr(args, "jobs", None)          # the sweep command plans with its own arguments, without --jobs
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
     profile = load_profile(args.profile, notebooks=names)
     selected = execution_order([n for n in names if not args.only or n in args.only], toc_root())
     return profile, names, selected
