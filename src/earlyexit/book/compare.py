@@ -67,11 +67,23 @@ def method_points(lm, es: EvalSet, n_new: int, *, rule: str, thresholds, min_lay
     df["speed"] = df["batch_tok_s"] / full_speed
     frames = [df]
     sset = spec_set or es
-    for E, d in spec:
-        peer = timing.has_spec_point(lm, sset, n_new, int(E), int(d), spec_repeats)  # reuse chapter 7's timing
-        sp = timing.spec_point(lm, sset, n_new, int(E), int(d), repeats=spec_repeats, peer=peer)
-        frames.append(_spec_rows(sp, "self-speculation", DecodeConfig.self_speculation(int(E), int(d))))
+    for (E, d), sp in _spec_grid(lm, sset, n_new, spec, spec_repeats).items():
+        frames.append(_spec_rows(sp, "self-speculation", DecodeConfig.self_speculation(E, d)))
     return pd.concat(frames, ignore_index=True)
+
+
+def _spec_grid(lm, es: EvalSet, n_new: int, spec, repeats: int) -> dict:
+    """{(E, d): :func:`~earlyexit.book.timing.spec_point`} over ``spec``, with transformers' peer where chapter 7
+    timed it (so its cached points are read back)."""
+    return {(int(E), int(d)): timing.spec_point(lm, es, n_new, int(E), int(d), repeats=repeats,
+                                                 peer=timing.has_spec_point(lm, es, n_new, int(E), int(d), repeats))
+            for E, d in spec}
+
+
+def spec_configs(p, released_layers: int, L: int) -> list[tuple[int, int]]:
+    """Chapter 8's self-speculation (E, d) on an ``L``-layer model: ``p["exit_layers"]`` (chosen for the released
+    model's depth) mapped to ``L`` (:func:`scale_layers`), each with every ``p["draft_lens"]``."""
+    return [(E, d) for E in scale_layers(p["exit_layers"], released_layers, L, 1, L - 1) for d in p["draft_lens"]]
 
 
 DRAFTERS = ("self-speculation, shortlist", "self-speculation, adaptive d", "layer-skip drafter")
@@ -97,9 +109,7 @@ def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers:
 
     L = lm.num_layers
     SS = DecodeConfig.self_speculation
-    grid = {(int(E), int(d)): timing.spec_point(lm, spec_set, n_new, int(E), int(d), repeats=repeats,
-                                                 peer=timing.has_spec_point(lm, spec_set, n_new, int(E), int(d), repeats))
-            for E, d in spec}
+    grid = _spec_grid(lm, spec_set, n_new, spec, repeats)
     frames = [_spec_rows(g, "self-speculation", SS(E, d)) for (E, d), g in grid.items()] if plain else []
     bE, bd = max(grid, key=lambda k: float(grid[k]["speedup"].mean()))
     d_max = max(d for _, d in grid)
@@ -109,7 +119,7 @@ def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers:
                              ("self-speculation, adaptive d", bE, d_max, dict(shortlist=K, confidence=c))):
         sp = timing.spec_point(lm, spec_set, n_new, E, d, repeats=repeats, peer=False, **kw)
         frames.append(_spec_rows(sp, method, SS(E, d, **kw)))
-    n_skip = [n for n in scale_layers(p7["skip_layers"], released_layers, L, 1, L - 2)]
+    n_skip = scale_layers(p7["skip_layers"], released_layers, L, 1, L - 2)
     path = probes.skip_search(lm, p7["skip_blocks"], p7["skip_block_tokens"], max(n_skip), seed=p7["seed"])
     path = path.set_index("n_skip")
     for n in n_skip:
@@ -126,11 +136,9 @@ def drafters(models: dict, released_layers: int, spec_set: EvalSet, n_new: int, 
     Adds ``model``, ``L``."""
     frames = []
     for key, lm in models.items():
-        L = lm.num_layers
-        spec = [(E, d) for E in scale_layers(p["exit_layers"], released_layers, L, 1, L - 1) for d in p["draft_lens"]]
-        pts = drafter_points(lm, spec_set, n_new, spec, p7, released_layers, p["timing_repeats"],
-                             plain=key not in p["models"])
-        frames.append(pts.assign(model=key, L=L))
+        pts = drafter_points(lm, spec_set, n_new, spec_configs(p, released_layers, lm.num_layers), p7,
+                             released_layers, p["timing_repeats"], plain=key not in p["models"])
+        frames.append(pts.assign(model=key, L=lm.num_layers))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -143,7 +151,7 @@ def model_points(models: dict, released_layers: int, es: EvalSet, n_new: int, p,
     for key, lm in models.items():
         L = lm.num_layers
         thr = {"released": p["thresholds"], "trained": p["trained_thresholds"]}.get(key, p["scratch_thresholds"])
-        spec = [(E, d) for E in scale_layers(p["exit_layers"], released_layers, L, 1, L - 1) for d in p["draft_lens"]]
+        spec = spec_configs(p, released_layers, L)
         pts = method_points(lm, es, n_new, rule=p["rule"], thresholds=thr,
                             min_layer=points.default_min_layer(p["min_layer"], L),
                             static_layers=scale_layers(p["static_layers"], released_layers, L),

@@ -122,11 +122,14 @@ def load_profile(name: str, profiles_dir: Path | None = None, notebooks: list[st
     if "profile" in common:
         problems.append("common: 'profile' is set by the runner from the file name; remove it")
     known = list(notebooks) if notebooks is not None else sorted(params_mod.SCHEMAS)
+    def positive_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
     timeout = data.get("timeout_s")
-    if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0):
+    if timeout is not None and not positive_int(timeout):
         problems.append(f"timeout_s must be a positive integer number of seconds, got {timeout!r}")
     jobs = data.get("jobs", 1)
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+    if not positive_int(jobs):
         problems.append(f"jobs must be a positive integer (notebooks executed at once), got {jobs!r}")
         jobs = 1
     prof = Profile(name, str(data.get("description", "")), dict(common), {}, timeout, jobs)

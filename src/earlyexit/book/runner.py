@@ -237,17 +237,17 @@ def build_html(strict: bool = True) -> int:
     return subprocess.run(cmd, cwd=paths.REPO_ROOT).returncode
 
 
-def _execute_jobs(todo: list[str], profile: Profile, jobs: int, rerun: bool, root: str | None) -> int:
-    """The out-of-date notebooks ``todo``, up to ``jobs`` at once, each in a child
+def _execute_jobs(todo: dict, profile: Profile, jobs: int, rerun: bool, root: str | None) -> int:
+    """The out-of-date notebooks ``todo`` ({name: its parameters}), up to ``jobs`` at once, each in a child
     ``python -m earlyexit book --only NAME --no-build`` (no progress bars: they would interleave)."""
-    alone = {n for n in todo if runs_alone(n, dict(profile.parameters(n)), root)}
+    alone = {n for n, parameters in todo.items() if runs_alone(n, parameters, root)}
     env = {**os.environ, "EARLYEXIT_PROGRESS": "0", "EARLYEXIT_BOOK_JOBS": str(jobs)}
 
     def command(name):
         return [sys.executable, "-m", "earlyexit", "book", "--profile", profile.name, "--only", name,
                 "--no-build", "--jobs", "1"] + (["--rerun"] if rerun else [])
 
-    return run_jobs(job_order(todo, alone, root), alone, jobs, command, env, f" with profile {profile.name}")
+    return run_jobs(job_order(list(todo), alone, root), alone, jobs, command, env, f" with profile {profile.name}")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             todo[name] = (i, parameters, h)
     if jobs > 1 and len(todo) > 1:
         print(f"executing {len(todo)} notebooks, up to {jobs} at once", flush=True)
-        if _execute_jobs(list(todo), profile, jobs, args.rerun, toc_root()) != 0:
+        if _execute_jobs({n: v[1] for n, v in todo.items()}, profile, jobs, args.rerun, toc_root()) != 0:
             return 1
         todo = {}
     for name, (i, parameters, h) in todo.items():

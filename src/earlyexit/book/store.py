@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from .. import claims
 from ..files import atomic_write_bytes, canonical
+from ..progress import say
 from . import workers
 
 FORMAT = 1
@@ -209,7 +210,7 @@ def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=N
                 seen_damage = True  # look again under the claim: it may be a write in progress
         # wait for a finished entry unless the one there is damaged (then for the claim, to repair it)
         until = None if refresh or seen_damage else meta_path.exists
-        held = claims.acquire(lock, f"{name}/{key}", until, on_wait=_say)
+        held = claims.acquire(lock, f"{name}/{key}", until, on_wait=say)
         if held is None:
             continue  # it appeared while we waited: read it
         with held:
@@ -222,11 +223,6 @@ def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=N
                     for p in (meta_path, csv_path):
                         p.unlink(missing_ok=True)
             return _compute_and_write(name, params, compute_fn, model, key, csv_path, meta_path, lower_hint)
-
-
-def _say(message: str) -> None:
-    if progress_enabled():
-        print(message, file=sys.stderr, flush=True)
 
 
 def _compute_and_write(name, params, compute_fn, model, key, csv_path: Path, meta_path: Path, lower_hint):
