@@ -122,6 +122,8 @@ def test_job_order_and_who_may_start():
     names = ["01", "02", "06", "07", "root"]
     alone = {"06", "root"}
     assert jobs.job_order(names, alone, "root") == ["06", "01", "02", "07", "root"]
+    # the profile's longest first (after those that run alone); one that runs alone or is not selected is ignored
+    assert jobs.job_order(names, alone, "root", ("07", "06", "99")) == ["06", "07", "01", "02", "root"]
     assert jobs.runs_alone("06", {"threads": "auto"}, "root") and jobs.runs_alone("x", {"threads": 2}, "root")
     assert jobs.runs_alone("root", {"threads": 1}, "root") and not jobs.runs_alone("02", {"threads": 1}, "root")
     assert jobs.may_start("06", {}, 2, alone)                       # alone, when nothing runs
@@ -167,6 +169,16 @@ def test_a_failed_job_lets_the_running_one_finish_and_starts_no_other(book, caps
     assert set(_spans(log)) == {"bad", "slow"}, "the running one finishes; the next is not started"
     err = capsys.readouterr().err
     assert "error: bad failed (exit code 1)" in err and "not started after the failure: later" in err
+
+
+def test_first_must_name_notebooks_of_the_book(book, capsys):
+    (book / "profiles" / "t.yml").write_text("jobs: 2\nfirst: [zz_okk]\nnotebooks:\n  zz_ok: {x: 5}\n")
+    assert runner.main(["--profile", "t", "--no-build"]) == 2
+    err = capsys.readouterr().err
+    assert "first: unknown notebook 'zz_okk' (did you mean 'zz_ok'?)" in err
+    (book / "profiles" / "t.yml").write_text("jobs: 2\nfirst: zz_ok\nnotebooks:\n  zz_ok: {x: 5}\n")
+    assert runner.main(["--profile", "t", "--no-build"]) == 2
+    assert "first must be a list of notebook names" in capsys.readouterr().err
 
 
 def test_jobs_must_be_a_positive_count(book, capsys):

@@ -21,12 +21,15 @@ def runs_alone(name: str, parameters: dict, root: str | None) -> bool:
     return name == root or parameters.get("threads", "auto") != 1
 
 
-def job_order(selected: list[str], alone: set[str], root: str | None) -> list[str]:
+def job_order(selected: list[str], alone: set[str], root: str | None, first=()) -> list[str]:
     """The order notebooks start in when several run at once: those that run alone first (chapter 6's training,
-    which later chapters read, is one), then the others in book order, the front page last."""
-    first = [n for n in selected if n in alone and n != root]
-    rest = [n for n in selected if n not in alone and n != root]
-    return first + rest + ([root] if root in selected else [])
+    which later chapters read, is one), then those of ``first`` (the profile's longest, so that the short ones
+    fill the end: two chapters of very different length started last leave one core idle), then the others in
+    book order, the front page last."""
+    solo = [n for n in selected if n in alone and n != root]
+    lead = [n for n in first if n in selected and n not in alone and n != root]
+    rest = [n for n in selected if n not in alone and n != root and n not in lead]
+    return solo + lead + rest + ([root] if root in selected else [])
 
 
 def may_start(name: str, running, jobs: int, alone: set[str]) -> bool:

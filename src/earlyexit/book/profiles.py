@@ -21,6 +21,8 @@ PROFILE_KEYS = {
     "notebooks": "per-notebook parameters: {notebook name: {parameter: value}}",
     "timeout_s": "longest a single cell may run, in seconds (default: no limit)",
     "jobs": "notebooks executed at once (default 1); a notebook whose threads is not 1, and the front page, run alone",
+    "first": "with jobs above 1: the notebooks that start first among those run side by side, in this order "
+             "(the longest ones, so that the short ones fill the end); the others follow in book order",
 }
 
 
@@ -82,6 +84,7 @@ class Profile:
     notebooks: dict
     timeout_s: int | None
     jobs: int = 1
+    first: tuple = ()
 
     def parameters(self, notebook: str) -> params_mod.Params:
         """The validated parameters of ``notebook`` under this profile (defaults filled in)."""
@@ -132,7 +135,16 @@ def load_profile(name: str, profiles_dir: Path | None = None, notebooks: list[st
     if not positive_int(jobs):
         problems.append(f"jobs must be a positive integer (notebooks executed at once), got {jobs!r}")
         jobs = 1
-    prof = Profile(name, str(data.get("description", "")), dict(common), {}, timeout, jobs)
+    first = data.get("first") or []
+    if not isinstance(first, list) or not all(isinstance(n, str) for n in first):
+        problems.append(f"first must be a list of notebook names, got {first!r}")
+        first = []
+    for nb in first:
+        if nb not in known:
+            problems.append(f"first: unknown notebook {nb!r}{params_mod.suggest(nb, known)}; known: {', '.join(known)}")
+    if len(set(first)) != len(first):
+        problems.append(f"first: a notebook is listed twice: {first!r}")
+    prof = Profile(name, str(data.get("description", "")), dict(common), {}, timeout, jobs, tuple(first))
     for nb, values in nbs.items():
         if nb not in known:
             problems.append(f"notebooks: unknown notebook {nb!r}{params_mod.suggest(nb, known)}; known: {', '.join(known)}")

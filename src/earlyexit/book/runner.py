@@ -247,7 +247,8 @@ def _execute_jobs(todo: dict, profile: Profile, jobs: int, rerun: bool, root: st
         return [sys.executable, "-m", "earlyexit", "book", "--profile", profile.name, "--only", name,
                 "--no-build", "--jobs", "1"] + (["--rerun"] if rerun else [])
 
-    return run_jobs(job_order(list(todo), alone, root), alone, jobs, command, env, f" with profile {profile.name}")
+    return run_jobs(job_order(list(todo), alone, root, profile.first), alone, jobs, command, env,
+                    f" with profile {profile.name}")
 
 
 def parser() -> argparse.ArgumentParser:
