@@ -5,7 +5,9 @@ ceiling = bandwidth / bytes of the weights read per token (every decoder layer's
 The benchmark measures the bandwidth (a streaming sum over a buffer larger than the caches), decodes the same
 prompts with the engine (packed weights, the default on CPU, and the modules' own layout) and with HF
 ``generate`` (same model, dtype and thread count, interleaved, after a warm-up), and prints tokens/s of each,
-the engine/HF ratio (goal: engine >= 1.0x), the ceiling and the engine's fraction of it (goal: >= 0.8 in fp32).
+the engine/HF ratio (goal: engine >= 1.0x), the ceiling and the engine's fraction of it (goal: >= 0.8 in fp32),
+and the same matrices multiplied with nothing else, so that the gap splits into the kernels' and the engine's.
+The bandwidth is the median of measurements taken before and between the repetitions.
 Tokens/s include the prompt pass; the fraction of the ceiling is taken on the decoding steps alone (a run of
 ``--tokens`` minus a run of 1 token), since only they read every weight once per token.
 ``--dtype bfloat16`` halves the bytes (and reports the logit error against fp32).
@@ -36,6 +38,33 @@ def bandwidth(mb: int = 512, reps: int = 7) -> float:
         x.sum()
         ts.append(time.perf_counter() - t)
     return x.numel() * 4 / statistics.median(ts)
+
+
+def weight_products(A: Adapter, reps: int = 20) -> float:
+    """Seconds a token of the weight products alone takes: the same matrices the engine multiplies at batch 1
+    (packed W_Q|W_K|W_V, W_O, packed W_gate|W_up, W_down in every layer, then the head), chained on one row
+    with nothing else (no norm, attention, RoPE, cache or bookkeeping); the median of ``reps``. What the engine
+    spends above it is its own work."""
+    P = A.packed
+    x = torch.zeros(1, A.config.hidden_size, dtype=A.dtype, device=A.device)
+
+    def token():
+        y = x
+        for l, layer in enumerate(A.layers):
+            q = y @ P.qkvT[l]
+            y = layer.self_attn.o_proj(q[:, :P.nq])
+            g = y @ P.guT[l]
+            y = layer.mlp.down_proj(g[:, :P.inter])
+        return y @ P.headT
+
+    with torch.inference_mode():
+        token(), token()
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            token()
+            ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
 
 
 def bytes_per_token(model) -> int:
@@ -88,18 +117,24 @@ def main():
 
     ours(ps[0]), modules(ps[0]), hf(ps[0])  # warm-up
     t = {f.__name__: [] for f in (ours, modules, hf, prompt_pass)}
+    bws, products = [bandwidth()], []     # measured between the runs too: the machine's bandwidth drifts
+    A = Adapter(lm).for_inference()
     for r in range(a.reps):
         for ids in ps:  # interleaved, alternating the order
             fs = [ours, modules, hf, prompt_pass]
             for f in (fs if r % 2 == 0 else fs[::-1]):
                 t[f.__name__].append(f(ids))
+        bws.append(bandwidth())
+        if A.packed is not None:          # packed weights: float32 on a CPU
+            products.append(weight_products(A))
     n = a.tokens
     tps = {k: n / statistics.median(v) for k, v in t.items() if k != "prompt_pass"}
     steps = [(o - p) / (n - 1) for o, p in zip(t["ours"], t["prompt_pass"])]
     step_tps = 1 / statistics.median(steps)
-    bw = bandwidth()
+    bw = statistics.median(bws)
     per_token = bytes_per_token(lm.model)
     ceiling = bw / per_token
+    prod_s = statistics.median(products) if products else None
     print(f"model={a.model} device={dev} dtype={a.dtype} threads={torch.get_num_threads()} prompts={len(ps)} "
           f"tokens={n} reps={a.reps}")
     print(f"engine full depth: {tps['ours']:.1f} tok/s   engine, module layout: {tps['modules']:.1f} tok/s   "
@@ -109,6 +144,10 @@ def main():
     print(f"memory bandwidth {bw / 1e9:.1f} GB/s, weights read per token {per_token / 1e6:.0f} MB: ceiling "
           f"{ceiling:.1f} tok/s; engine decoding steps {step_tps:.1f} tok/s = {step_tps / ceiling:.2f} of the "
           f"ceiling")
+    if prod_s is not None:
+        print(f"the weight products alone: {1 / prod_s:.1f} tok/s = {1 / prod_s / ceiling:.2f} of the ceiling; the "
+              f"engine's other work (norms, RoPE, attention, the cache, Python) costs "
+              f"{(1 / step_tps - prod_s) * 1e3:.1f} ms of its {1e3 / step_tps:.1f} ms a token")
     if a.dtype != "float32":
         ref = load_model(a.model, device=a.device, dtype="float32")
         ids = ps[0]
