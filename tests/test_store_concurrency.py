@@ -175,6 +175,23 @@ def test_a_live_claim_is_waited_for_not_computed_again(tmp_path):
     assert waited > 0.5, "it did not wait for the holder"
 
 
+def test_an_entry_in_progress_counts_as_there_only_while_its_claim_is_live(tmp_path):
+    """``has(or_claimed=True)``: chapter 8 asks whether chapter 7's timed point exists or is being timed, so that
+    it waits for it rather than timing a second one beside it."""
+    key, csv, _ = store._paths("hb", {"a": 1}, W, tmp_path)
+    lock = csv.with_suffix(".claim")
+    assert not store.has("hb", {"a": 1}, model=W, root=tmp_path, or_claimed=True)
+    _claim_file(lock, host="elsewhere", pid=1, heartbeat=time.time())
+    assert store.has("hb", {"a": 1}, model=W, root=tmp_path, or_claimed=True)
+    assert not store.has("hb", {"a": 1}, model=W, root=tmp_path), "without or_claimed only a written entry counts"
+    _claim_file(lock, host="elsewhere", pid=1, heartbeat=time.time() - claims.STALE_S - 5)
+    assert not store.has("hb", {"a": 1}, model=W, root=tmp_path, or_claimed=True), "a stale claim computes nothing"
+    lock.unlink()
+    store.cached("hb", {"a": 1}, lambda: {"x": 1}, root=tmp_path, model=W)
+    assert store.has("hb", {"a": 1}, model=W, root=tmp_path) and store.has("hb", {"a": 1}, model=W, root=tmp_path,
+                                                                           or_claimed=True)
+
+
 def test_waiting_too_long_names_the_holder(tmp_path, monkeypatch):
     script = _script(tmp_path, "hold.py", HOLD)
     holder = _start(script, tmp_path, 20)

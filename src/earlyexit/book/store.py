@@ -247,10 +247,17 @@ def _compute_and_write(name, params, compute_fn, model, key, csv_path: Path, met
     return out
 
 
-def has(name: str, params: Mapping, *, model=None, root=None) -> bool:
-    """Whether an entry for (``name``, ``params``, ``model``) is on disk (it may still fail its checksum)."""
-    _check_name(name)
-    return (_root(root) / name / f"{entry_key(name, params, model)}.json").exists()
+def has(name: str, params: Mapping, *, model=None, root=None, or_claimed: bool = False) -> bool:
+    """Whether an entry for (``name``, ``params``, ``model``) is on disk (it may still fail its checksum); with
+    ``or_claimed``, also while a live process computes it (its claim is held), so that a caller choosing
+    between two entries waits for the one in progress instead of computing the other."""
+    key, csv_path, meta_path = _paths(name, params, model, root)
+    if meta_path.exists():
+        return True
+    if not or_claimed:
+        return False
+    info, mtime = claims.read(csv_path.with_suffix(".claim"))
+    return mtime is not None and claims.stale_reason(info, mtime, claims.settings()[1]) is None
 
 
 def _frames_equal(a, b) -> bool:

@@ -154,8 +154,10 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
 
 
 def has_spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, repeats: int) -> bool:
-    """Whether :func:`spec_point` with the transformers peer is already in the result cache."""
-    return store.has("spec_point", spec_params(es, n_new, exit_layer, draft_len, repeats, True), model=lm)
+    """Whether :func:`spec_point` with the transformers peer is in the result cache, or being computed by another
+    process (chapter 7 beside chapter 8): then reading it waits for it rather than timing the point again."""
+    return store.has("spec_point", spec_params(es, n_new, exit_layer, draft_len, repeats, True), model=lm,
+                     or_claimed=True)
 
 
 def side_by_side(lm, es: EvalSet, n_new: int, configs: dict, repeats: int = 1) -> pd.DataFrame:
