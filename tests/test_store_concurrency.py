@@ -158,8 +158,11 @@ def test_writers_without_a_claim_never_show_a_reader_a_mixed_entry(tmp_path):
     none, seen = int(outs[2][0].split()[1]), int(outs[2][0].split()[3])
     print(f"reader: {seen} whole tables, {none} reads of no entry")
     assert seen > 0, "the reader never saw an entry: nothing was tested"
+    # what the writers leave: one writer's whole table, or (their last two writes interleaved: the csv of one, the
+    # json of the other, which the claim exists to prevent) an entry that fails its checksum and reads as
+    # missing; never a mix
     df = store.read("raw", {"k": 1}, model=W, root=tmp_path / "store")
-    assert df is not None and df["writer"].nunique() == 1
+    assert df is None or df["writer"].nunique() == 1
 
 
 def test_a_live_claim_is_waited_for_not_computed_again(tmp_path):
