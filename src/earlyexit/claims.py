@@ -121,6 +121,13 @@ def stale_reason(info: dict | None, mtime: float, stale_s: float, now: float | N
     return None
 
 
+def is_live(path: Path) -> bool:
+    """Whether a process holds a live claim on ``path`` now (a claim file that :func:`acquire` would wait for,
+    not take over)."""
+    info, mtime = read(Path(path))
+    return mtime is not None and stale_reason(info, mtime, settings()[1]) is None
+
+
 def _describe(info: dict | None) -> str:
     if not info:
         return "an unknown process"

@@ -251,13 +251,8 @@ def has(name: str, params: Mapping, *, model=None, root=None, or_claimed: bool =
     """Whether an entry for (``name``, ``params``, ``model``) is on disk (it may still fail its checksum); with
     ``or_claimed``, also while a live process computes it (its claim is held), so that a caller choosing
     between two entries waits for the one in progress instead of computing the other."""
-    key, csv_path, meta_path = _paths(name, params, model, root)
-    if meta_path.exists():
-        return True
-    if not or_claimed:
-        return False
-    info, mtime = claims.read(csv_path.with_suffix(".claim"))
-    return mtime is not None and claims.stale_reason(info, mtime, claims.settings()[1]) is None
+    _, csv_path, meta_path = _paths(name, params, model, root)
+    return meta_path.exists() or (or_claimed and claims.is_live(csv_path.with_suffix(".claim")))
 
 
 def _frames_equal(a, b) -> bool:
