@@ -6,7 +6,9 @@ The benchmark measures the bandwidth (a streaming sum over a buffer larger than 
 prompts with the engine (packed weights, the default on CPU, and the modules' own layout) and with HF
 ``generate`` (same model, dtype and thread count, interleaved, after a warm-up), and prints tokens/s of each,
 the engine/HF ratio (goal: engine >= 1.0x), the ceiling and the engine's fraction of it (goal: >= 0.8 in fp32),
-and the same matrices multiplied with nothing else, so that the gap splits into the kernels' and the engine's.
+and the same matrices multiplied with nothing else, and the layers' math with nothing else (no rule, strategy,
+provenance map or counters), so that the gap splits into the kernels', the math's small ops and the engine's
+bookkeeping.
 The bandwidth is the median of measurements taken before and between the repetitions.
 Tokens/s include the prompt pass; the fraction of the ceiling is taken on the decoding steps alone (a run of
 ``--tokens`` minus a run of 1 token), since only they read every weight once per token.
@@ -67,6 +69,37 @@ def weight_products(A: Adapter, reps: int = 20) -> float:
     return statistics.median(ts)
 
 
+def layer_math(A: Adapter, ctx: int = 96, tokens: int = 32) -> float:
+    """Seconds a decoding step takes with a layer's math and nothing else: per layer the input norm, packed
+    W_Q|W_K|W_V with RoPE, the K/V write into a preallocated cache, SDPA over ``ctx`` + t keys, W_O, the residual,
+    the second norm, the packed MLP; then the final norm and the head; the median over ``tokens`` steps. No exit
+    rule, fill strategy, provenance map, mask or counter: what the engine spends above it is its bookkeeping."""
+    P = A.packed
+    D, H, Hkv, d = A.config.hidden_size, A.H, A.Hkv, A.d
+    K = torch.zeros(A.L, 1, Hkv, ctx + tokens, d, dtype=A.dtype)
+    V = torch.zeros_like(K)
+    h0 = torch.zeros(1, 1, D, dtype=A.dtype)
+    ts = []
+    with torch.inference_mode():
+        for t in range(tokens):
+            t0 = time.perf_counter()
+            h = h0
+            pos = torch.tensor([[ctx + t]])
+            cos, sin = A.rope(h, pos)
+            end = ctx + t + 1
+            for l, layer in enumerate(A.layers):
+                q, k, v = P.qkv_rope(l, A.rms(layer.input_layernorm, h), cos, sin, True, H, Hkv, d)
+                K[l, :, :, ctx + t] = k[:, :, 0]
+                V[l, :, :, ctx + t] = v[:, :, 0]
+                o = torch.nn.functional.scaled_dot_product_attention(q, K[l, :, :, :end], V[l, :, :, :end],
+                                                                     scale=A.attn_scale(l), enable_gqa=H != Hkv)
+                h = h + layer.self_attn.o_proj(o.transpose(1, 2).reshape(1, 1, H * d))
+                h = h + P.mlp(l, A.rms(layer.post_attention_layernorm, h), layer.mlp)
+            A.logits(h).argmax(-1)
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
 def bytes_per_token(model) -> int:
     """Bytes of weights a batch-1 decoding step reads: every parameter once (a tied head counted once; the
     embedding table is the head's matrix), the embedding row itself being negligible."""
@@ -117,7 +150,7 @@ def main():
 
     ours(ps[0]), modules(ps[0]), hf(ps[0])  # warm-up
     t = {f.__name__: [] for f in (ours, modules, hf, prompt_pass)}
-    bws, products = [bandwidth()], []     # measured between the runs too: the machine's bandwidth drifts
+    bws, products, maths = [bandwidth()], [], []     # measured between the runs too: the machine's bandwidth drifts
     A = Adapter(lm).for_inference()
     for r in range(a.reps):
         for ids in ps:  # interleaved, alternating the order
@@ -127,6 +160,7 @@ def main():
         bws.append(bandwidth())
         if A.packed is not None:          # packed weights: float32 on a CPU
             products.append(weight_products(A))
+            maths.append(layer_math(A))
     n = a.tokens
     tps = {k: n / statistics.median(v) for k, v in t.items() if k != "prompt_pass"}
     steps = [(o - p) / (n - 1) for o, p in zip(t["ours"], t["prompt_pass"])]
@@ -148,6 +182,11 @@ def main():
         print(f"the weight products alone: {1 / prod_s:.1f} tok/s = {1 / prod_s / ceiling:.2f} of the ceiling; the "
               f"engine's other work (norms, RoPE, attention, the cache, Python) costs "
               f"{(1 / step_tps - prod_s) * 1e3:.1f} ms of its {1e3 / step_tps:.1f} ms a token")
+        math_s = statistics.median(maths)
+        print(f"the layers' math alone (no rule, strategy, provenance map, mask or counters): {1 / math_s:.1f} tok/s "
+              f"= {1 / math_s / ceiling:.2f} of the ceiling; of the other work, the math's small ops (norms, RoPE, "
+              f"attention, cache writes) cost {(math_s - prod_s) * 1e3:.1f} ms a token and the engine's bookkeeping "
+              f"{(1 / step_tps - math_s) * 1e3:.1f} ms")
     if a.dtype != "float32":
         ref = load_model(a.model, device=a.device, dtype="float32")
         ids = ps[0]

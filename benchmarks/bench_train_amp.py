@@ -7,17 +7,24 @@ difference between the two runs' losses over the steps, next to the noise it is 
 difference between two float32 runs whose layer-dropout coins differ (another seed), everything else equal. The weights and the optimizer state stay float32 in
 both (autocast changes the matrix products only).
 
+The training loop keeps freed memory for reuse (:mod:`earlyexit.alloc`), and so does this benchmark;
+``--default-allocator`` times the steps with glibc's default instead (each large tensor a fresh mmap whose pages
+fault in again), and the minor page faults of the run are printed.
+
     python benchmarks/bench_train_amp.py [--model smollm2-135m] [--steps 3] [--batch 4] [--seq 256] [--threads auto]
+                                         [--default-allocator]
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import resource
 import statistics
 import time
 
 import torch
 
+from earlyexit.alloc import retain_freed_memory
 from earlyexit.corpus import token_stream
 from earlyexit.engine.models import load_model, resolve_threads
 from earlyexit.training.forward import early_exit_loss
@@ -31,7 +38,9 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--threads", default="auto")
+    ap.add_argument("--default-allocator", action="store_true", help="glibc's default: freed memory goes back")
     a = ap.parse_args()
+    kept = False if a.default_allocator else retain_freed_memory()
     torch.set_num_threads(resolve_threads(a.threads if a.threads == "auto" else int(a.threads))[0])
     lm = load_model(a.model)
     L = lm.num_layers
@@ -63,6 +72,8 @@ def main():
     diff = max(abs(x - y) for x, y in zip(losses["float32"], losses["bfloat16 autocast"]))
     noise = max(abs(x - y) for x, y in zip(losses["float32"], losses["float32, other dropout seed"]))
     print(f"model={a.model} threads={torch.get_num_threads()} batch={a.batch}x{a.seq} steps={a.steps}")
+    print(f"allocator: {'freed memory kept for reuse (earlyexit.alloc)' if kept else 'glibc default'}; minor page "
+          f"faults of the run {resource.getrusage(resource.RUSAGE_SELF).ru_minflt:,}")
     for k in models:
         print(f"{k:>18}: median step {statistics.median(times[k]):.2f} s, losses "
               + ", ".join(f"{x:.4f}" for x in losses[k]))

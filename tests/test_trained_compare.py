@@ -348,7 +348,10 @@ def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cac
     assert cal.spec != test.spec and cal.ids == s.ids[:4]
     lam, det, res = compare.calibrate(lm, cal, test, N, rule="softmax", strategy="lazy-recompute",
                                       thresholds=[0.9, 0.3], min_layer=2, epsilon=0.6, delta=0.2)
-    assert det["threshold"].tolist() == [1.0, 0.9, 0.3]
+    tested = det["threshold"].tolist()
+    assert tested == [1.0, 0.9, 0.3][:len(tested)]
+    # fixed-sequence testing: every λ before the last tested was accepted, and it stops at the first that is not
+    assert det["accepted"].iloc[:-1].all() and (len(tested) == 3 or not det["accepted"].iloc[-1])
     # lambda = 1 never exits: zero loss on every prompt, so it is rejected as "risky" only if n is tiny
     assert det.loc[0, "risk_hat"] == 0.0
     p0 = metrics.hoeffding_bentkus_pvalue(0.0, 4, 0.6)
@@ -357,6 +360,22 @@ def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cac
         assert res is not None and {"consistency", "risk", "layers", "speed"} <= set(res.columns)
     with pytest.raises(ValueError, match="outside the 8 prompts"):
         s.part(4, 9)
+
+
+def test_calibration_runs_no_threshold_after_the_first_it_cannot_reject(tiny, cache_dir, monkeypatch):
+    lm, _ = tiny
+    s = prompts.eval_set(lm, "mix", 8, 1, 48)
+    cal, test = s.part(0, 4), s.part(4, 8)
+    ran = []
+    sweep = points.sweep
+    monkeypatch.setattr(points, "sweep", lambda lm_, es, n, cfgs, **kw: (ran.extend(c.args["threshold"] for c in cfgs),
+                                                                       sweep(lm_, es, n, cfgs, **kw))[1])
+    # ε = 0.05 on 4 prompts: even a perfect loss leaves the p-value above δ, so λ = 1 is not rejected
+    assert metrics.hoeffding_bentkus_pvalue(0.0, 4, 0.05) > 0.2
+    lam, det, res = compare.calibrate(lm, cal, test, N, rule="softmax", strategy="lazy-recompute",
+                                      thresholds=[0.9, 0.3], min_layer=2, epsilon=0.05, delta=0.2)
+    assert lam is None and res is None
+    assert det["threshold"].tolist() == [1.0] and ran == [1.0]
 
 
 def test_front_page_runs_last_because_it_summarises_the_chapters():

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import sys
 
+from .alloc import retain_freed_memory
+
 COMMANDS = ("book", "fetch-model", "train", "sweep", "params", "provenance", "figures-bundle")
 
 
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    retain_freed_memory()
     if cmd == "book":
         from .book.runner import main as book
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
+from ..alloc import retain_freed_memory
 from . import params
 
 # How the book names the models it knows; anything else is shown as given.
@@ -93,6 +94,7 @@ def setup(notebook: str, namespace: dict, *, model: bool = True, prompts: bool =
 
     P = params.check(notebook, namespace)
     quiet()
+    retain_freed_memory()
     threads = set_threads(P.get("threads", 0))
     torch.manual_seed(P.seed)
     figures.setup_style()

@@ -248,14 +248,22 @@ def calibrate(lm, cal: EvalSet, test: EvalSet, n_new: int, *, rule: str, strateg
     calibration prompts, test H0: risk(λ) > ε with the Hoeffding–Bentkus p-value for λ = 1 (never exit)
     and then each threshold downwards, stopping at the first λ not rejected at level δ (fixed-sequence
     testing: family-wise error ≤ δ). With probability ≥ 1 − δ over the calibration draw, every accepted λ has
-    risk ≤ ε. Returns (the smallest accepted λ or None, the test details per λ, and the chosen λ's
+    risk ≤ ε. The thresholds after the first one not rejected are not run: the procedure never looks at
+    them. Returns (the smallest accepted λ or None, the test details per λ tested, and the chosen λ's
     result on the held-out test prompts as a one-row summary with intervals)."""
     lams = [1.0] + sorted({float(t) for t in thresholds if t < 1.0}, reverse=True)
     extra = dict(rule_args or {})
-    pts = points.sweep(lm, cal, n_new, points.threshold_configs(rule, lams, [strategy], min_layer=min_layer, **extra))
-    losses = [1.0 - pts[np.isclose(pts.threshold, lam)].sort_values("prompt")["rouge_full"].to_numpy() for lam in lams]
-    best, details = metrics.ltt_fixed_sequence(lams, losses, epsilon, delta, return_details=True)
-    details["layers"] = [float(pts[np.isclose(pts.threshold, lam)]["layers"].mean()) for lam in lams]
+    tested, losses, layers = [], [], []
+    for lam in lams:
+        pt = points.sweep(lm, cal, n_new, points.threshold_configs(rule, [lam], [strategy], min_layer=min_layer,
+                                                                    **extra))
+        tested.append(lam)
+        losses.append(1.0 - pt.sort_values("prompt")["rouge_full"].to_numpy())
+        layers.append(float(pt["layers"].mean()))
+        best, details = metrics.ltt_fixed_sequence(tested, losses, epsilon, delta, return_details=True)
+        if not bool(details["accepted"].iloc[-1]):
+            break
+    details["layers"] = layers
     result = None
     if best is not None:
         t = points.point(lm, test, n_new, DecodeConfig.early_exit(rule, strategy, min_layer=min_layer, threshold=best,

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ..alloc import retain_freed_memory
 from ..engine.adapter import adapter
 from ..clock import now as clock_now
 from ..files import atomic_dir
@@ -153,6 +154,7 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
     ``"ddp"`` replicates the model, ``"fsdp"`` shards it (FSDP2: each decoder layer its own unit). Either way
     the steps are those of one process; rank 0 writes the checkpoints.
     """
+    retain_freed_memory()   # a step allocates and frees gigabytes: keep them (earlyexit.alloc)
     if parallel not in dist_.PARALLEL:
         raise ValueError(f"parallel must be one of {', '.join(dist_.PARALLEL)}, got {parallel!r}")
     if not isinstance(cfg, TrainConfig):
