@@ -70,31 +70,29 @@ def weight_products(A: Adapter, reps: int = 20) -> float:
 
 
 def layer_math(A: Adapter, ctx: int = 96, tokens: int = 32) -> float:
-    """Seconds a decoding step takes with a layer's math and nothing else: per layer the input norm, packed
-    W_Q|W_K|W_V with RoPE, the K/V write into a preallocated cache, SDPA over ``ctx`` + t keys, W_O, the residual,
-    the second norm, the packed MLP; then the final norm and the head; the median over ``tokens`` steps. No exit
-    rule, fill strategy, provenance map, mask or counter: what the engine spends above it is its bookkeeping."""
-    P = A.packed
-    D, H, Hkv, d = A.config.hidden_size, A.H, A.Hkv, A.d
-    K = torch.zeros(A.L, 1, Hkv, ctx + tokens, d, dtype=A.dtype)
+    """Seconds a decoding step takes with the layers' math and nothing else: per layer the adapter's
+    :meth:`~earlyexit.engine.adapter.Adapter.qkv` (input norm, packed W_Q|W_K|W_V, RoPE), the K/V write into a
+    preallocated cache, SDPA over ``ctx`` + t keys and :meth:`~earlyexit.engine.adapter.Adapter.finish_layer`
+    (W_O, the residual, the second norm, the packed MLP); then the final norm and the head; the median over
+    ``tokens`` steps. No exit rule, fill strategy, provenance map, mask or counter: what the engine spends above
+    it is its bookkeeping."""
+    K = torch.zeros(A.L, 1, A.Hkv, ctx + tokens, A.d, dtype=A.dtype)
     V = torch.zeros_like(K)
-    h0 = torch.zeros(1, 1, D, dtype=A.dtype)
+    h0 = torch.zeros(1, 1, A.config.hidden_size, dtype=A.dtype)
     ts = []
     with torch.inference_mode():
         for t in range(tokens):
             t0 = time.perf_counter()
             h = h0
-            pos = torch.tensor([[ctx + t]])
-            cos, sin = A.rope(h, pos)
+            cos, sin = A.rope(h, torch.tensor([[ctx + t]]))
             end = ctx + t + 1
-            for l, layer in enumerate(A.layers):
-                q, k, v = P.qkv_rope(l, A.rms(layer.input_layernorm, h), cos, sin, True, H, Hkv, d)
+            for l in range(A.L):
+                q, k, v = A.qkv(l, h, cos, sin)
                 K[l, :, :, ctx + t] = k[:, :, 0]
                 V[l, :, :, ctx + t] = v[:, :, 0]
                 o = torch.nn.functional.scaled_dot_product_attention(q, K[l, :, :, :end], V[l, :, :, :end],
-                                                                     scale=A.attn_scale(l), enable_gqa=H != Hkv)
-                h = h + layer.self_attn.o_proj(o.transpose(1, 2).reshape(1, 1, H * d))
-                h = h + P.mlp(l, A.rms(layer.post_attention_layernorm, h), layer.mlp)
+                                                                     scale=A.attn_scale(l), enable_gqa=A.H != A.Hkv)
+                h = A.finish_layer(l, h, o)
             A.logits(h).argmax(-1)
             ts.append(time.perf_counter() - t0)
     return statistics.median(ts)

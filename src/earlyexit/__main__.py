@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import sys
 
-from .alloc import retain_freed_memory
-
 COMMANDS = ("book", "fetch-model", "train", "sweep", "params", "provenance", "figures-bundle")
 
 
@@ -96,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
-    retain_freed_memory()
     if cmd == "book":
         from .book.runner import main as book
 

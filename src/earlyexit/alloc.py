@@ -12,34 +12,30 @@ in one process. Decoding, whose tensors are small, runs at the same speed either
 
 :func:`retain_freed_memory` tells glibc (``mallopt``) to serve every allocation from its heap, never to give
 the heap's top back, and to grow it 256 MB at a time. A process then keeps its peak memory until it exits,
-which a chapter or a training run does. It is called by every chapter's set-up, by the training loop and by
-the command line; ``EARLYEXIT_RETAIN_MEMORY=0`` turns it off. On a libc without ``mallopt`` (macOS, musl) it
-does nothing.
+which a chapter or a training run does. It is called by every chapter's set-up and by the training loop
+(so by ``python -m earlyexit train`` too); ``EARLYEXIT_RETAIN_MEMORY=0`` turns it off. On a libc without
+``mallopt`` (macOS, musl) it does nothing.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4      # glibc's <malloc.h>
 SETTINGS = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_TOP_PAD, 256 << 20))
-_state: dict = {}
 
 
+@functools.cache
 def retain_freed_memory() -> bool:
     """Switch this process's allocator to keeping freed memory (see the module docstring), once; True when
     glibc accepted the settings, False where there is no glibc, or where ``EARLYEXIT_RETAIN_MEMORY=0``."""
-    if "on" in _state:
-        return _state["on"]
-    on = False
-    if os.environ.get("EARLYEXIT_RETAIN_MEMORY", "1") != "0" and sys.platform.startswith("linux"):
-        try:
-            mallopt = ctypes.CDLL("libc.so.6").mallopt
-        except (OSError, AttributeError):
-            mallopt = None
-        if mallopt is not None:
-            mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            on = all(mallopt(p, v) == 1 for p, v in SETTINGS)
-    _state["on"] = on
-    return on
+    if os.environ.get("EARLYEXIT_RETAIN_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return all(mallopt(p, v) == 1 for p, v in SETTINGS)
