@@ -194,23 +194,27 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
 def test_recipes_follow_chapter_six_parameters():
     p = params.validate(params.get("06_training"), {"model": "tiny-llama", "steps": 5, "scratch_steps": 7})
     rs = trained.recipes(p)
-    assert set(rs) == {"layerskip", "baseline", "distill", "scratch-baseline", "scratch-layerskip"}
+    assert set(rs) == {"layerskip", "baseline", "distill", "light", "scratch-baseline", "scratch-layerskip"}
     assert rs["layerskip"].base == "tiny-llama" and rs["layerskip"].cfg.steps == 5
-    # the continual variants differ from LayerSkip's run in exactly one field each, and keep their weights
+    # the continual variants differ from LayerSkip's run only in what they vary, and keep their weights
     ls = rs["layerskip"].cfg
     assert rs["baseline"].cfg == replace(ls, recipe=False) and rs["distill"].cfg == replace(ls, exit_target="distill")
-    assert all(rs[k].cfg.keep_weights for k in ("layerskip", "baseline", "distill"))
-    assert len({rs[k].directory() for k in ("layerskip", "baseline", "distill")}) == 3
+    assert rs["light"].cfg == replace(ls, p_max=p["light_p_max"], e_scale=p["light_e_scale"])
+    assert (rs["light"].cfg.p_max, rs["light"].cfg.e_scale) != (ls.p_max, ls.e_scale)
+    lighter = trained.recipes({**p, "light_p_max": 0.02, "light_e_scale": 0.01})["light"].cfg
+    assert (lighter.p_max, lighter.e_scale) == (0.02, 0.01)
+    assert all(rs[k].cfg.keep_weights for k in ("layerskip", "baseline", "distill", "light"))
+    assert len({rs[k].directory() for k in ("layerskip", "baseline", "distill", "light")}) == 4
     assert rs["distill"].label().endswith("-distill") and rs["baseline"].label().endswith("-baseline")
     assert set(trained.recipes({**p, "variants": []})) == {"layerskip", "scratch-baseline", "scratch-layerskip"}
-    with pytest.raises(ValueError, match="valid: baseline, distill"):
+    with pytest.raises(ValueError, match="valid: baseline, distill, light"):
         trained.recipes({**p, "variants": ["distil"]})
     b, s = rs["scratch-baseline"], rs["scratch-layerskip"]
     assert (b.cfg.recipe, s.cfg.recipe) == (False, True)
     assert replace(b.cfg, recipe=True) == s.cfg and b.base == s.base and b.data_seed == s.data_seed
     assert not ls.amp_cpu and not rs["scratch-layerskip"].cfg.amp_cpu
     amp = trained.recipes({**p, "amp_cpu": True})
-    assert all(amp[k].cfg == replace(rs[k].cfg, amp_cpu=True) for k in ("layerskip", "baseline", "distill"))
+    assert all(amp[k].cfg == replace(rs[k].cfg, amp_cpu=True) for k in ("layerskip", "baseline", "distill", "light"))
     assert amp["scratch-layerskip"].cfg == s.cfg, "the from-scratch pair keeps float32"
     assert amp["layerskip"].key() != rs["layerskip"].key()
     assert trained.precision(ls, "cpu") == "float32" and trained.precision(amp["layerskip"].cfg, "cpu").startswith("bfloat16")
@@ -402,5 +406,5 @@ def test_train_command_lists_the_profile_checkpoints(monkeypatch, capsys):
 
     monkeypatch.setattr(checkpoints, "ensure", fake_ensure)
     assert main(["train", "--profile", "smoke"]) == 0
-    assert len(seen) == 5 and any("layerskip" in s for s in seen) and any("distill" in s for s in seen)
+    assert len(seen) == 6 and any("layerskip" in s for s in seen) and any("distill" in s for s in seen)
     assert main(["train", "--profile", "nope"]) == 2

@@ -162,9 +162,13 @@ TRAINING = register(
                   "CPU has AVX-512 BF16 or AMX, losses within noise of float32; emulated, so slower, elsewhere)"),
     checkpoint_every=Param(int, 10, "write a resumable checkpoint every N steps (the weights of each are kept: "
                            "acceptance along the run)", range=(0, 10_000_000)),
-    variants=Param(list, ["baseline", "distill"], "continual pre-training runs besides LayerSkip's, same budget and "
-                   "data: the recipe off (baseline) and self-distillation as the early-exit target (distill)",
-                   item=str, choices=("baseline", "distill")),
+    variants=Param(list, ["baseline", "distill", "light"], "continual pre-training runs besides LayerSkip's, same "
+                   "budget and data: the recipe off (baseline), self-distillation as the early-exit target (distill) "
+                   "and LayerSkip's recipe at a lighter dose (light: light_p_max, light_e_scale)",
+                   item=str, choices=("baseline", "distill", "light")),
+    light_p_max=Param(float, 0.05, "layer dropout rate of the last layer in the lighter-dose run", range=(0.0, 0.999999)),
+    light_e_scale=Param(float, 0.02, "early-exit loss scale below the last layer in the lighter-dose run",
+                        range=(0.0, 1e6)),
     scratch_config=Param(str, "llama-8x64", "config of the from-scratch pair",
                          choices=("llama-8x64", "llama-8x128", "llama-4x64")),
     scratch_steps=Param(int, 120, "optimizer steps of each from-scratch model", range=(1, 10_000_000)),

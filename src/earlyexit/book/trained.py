@@ -14,14 +14,18 @@ from ..training.checkpoints import Recipe, heldout_blocks
 from ..training.recipe import TrainConfig
 
 
-VARIANTS = {"baseline": {"recipe": False}, "distill": {"exit_target": "distill"}}
+# each continual variant, as the fields of LayerSkip's run it changes (from chapter 6's parameters ``g``)
+VARIANTS = {"baseline": lambda g: {"recipe": False},
+            "distill": lambda g: {"exit_target": "distill"},
+            "light": lambda g: {"p_max": g("light_p_max"), "e_scale": g("light_e_scale")}}
 
 
 def recipes(p) -> dict[str, Recipe]:
     """The checkpoints chapter 6 trains, from its parameters ``p`` (a Params or a dict): ``"layerskip"``
     (continual pre-training of ``p["model"]`` with the recipe), one continual run per entry of
     ``p["variants"]`` at the same budget, data and seed (``"baseline"``: the recipe off; ``"distill"``: the
-    exits learn the last layer's detached distribution), and the from-scratch pair ``"scratch-baseline"`` /
+    exits learn the last layer's detached distribution; ``"light"``: LayerSkip's recipe at a lighter dose,
+    ``p["light_p_max"]`` and ``p["light_e_scale"]``), and the from-scratch pair ``"scratch-baseline"`` /
     ``"scratch-layerskip"`` (same data, steps and seed; recipe off / on). Continual runs keep the weights of
     every checkpoint (acceptance along the run) and autocast to bfloat16 on a CPU when ``p["amp_cpu"]``."""
     g = p.__getitem__
@@ -42,7 +46,7 @@ def recipes(p) -> dict[str, Recipe]:
     base = f"scratch:{g('scratch_config')}"
     out = {"layerskip": Recipe(g("model"), cont, g("seed"))}
     for v in variants:
-        out[v] = Recipe(g("model"), dataclasses.replace(cont, **VARIANTS[v]), g("seed"))
+        out[v] = Recipe(g("model"), dataclasses.replace(cont, **VARIANTS[v](g)), g("seed"))
     return {**out,
             "scratch-baseline": Recipe(base, TrainConfig(**scratch, recipe=False), g("seed")),
             "scratch-layerskip": Recipe(base, TrainConfig(**scratch, recipe=True), g("seed"))}
@@ -139,10 +143,11 @@ def recipe_table(before, after: dict, layers, n_boot: int = 2000, seed: int = 0)
 
 
 RUN_NAMES = {"layerskip": "LayerSkip (exits learn the data)", "distill": "self-distillation (exits learn the last layer)",
-             "baseline": "recipe off"}
+             "baseline": "recipe off", "light": "LayerSkip, lighter dose"}
 
 
-SHORT_NAMES = {"layerskip": "LayerSkip (data)", "distill": "self-distillation", "baseline": "recipe off"}
+SHORT_NAMES = {"layerskip": "LayerSkip (data)", "distill": "self-distillation", "baseline": "recipe off",
+               "light": "LayerSkip, lighter"}
 
 
 def recipe_shown(t, seconds: dict | None = None):
