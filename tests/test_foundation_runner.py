@@ -188,3 +188,22 @@ def test_jobs_must_be_a_positive_count(book, capsys):
     (book / "profiles" / "t.yml").write_text("notebooks:\n  zz_ok: {x: 5}\n")
     assert runner.main(["--profile", "t", "--no-build", "--jobs", "0"]) == 2
     assert "--jobs must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("os").name == "nt", reason="Unix sockets only")
+def test_each_kernel_talks_over_sockets_in_a_directory_of_its_own(book):
+    """Two chapters started at once once drew the same TCP port and one kernel died ("Address already in
+    use"): each execution's kernel uses Unix sockets in a fresh directory, removed when it ends."""
+    from pathlib import Path
+
+    _notebook(book / "notebooks" / "zz_sock.ipynb", "x = 1",
+              "from ipykernel import get_connection_info\nc = get_connection_info(unpack=True)\n"
+              "print(c['transport'], c['ip'])")
+    seen = []
+    for _ in range(2):
+        out = runner.execute("zz_sock", {"x": 1}, progress=False)
+        transport, ip = _outputs(nbformat.read(out, as_version=4)).split()
+        seen.append(Path(ip))
+        assert transport == "ipc" and Path(ip).parent.name.startswith("earlyexit-kernel-")
+        assert not Path(ip).parent.exists(), "the socket directory is removed after the run"
+    assert seen[0].parent != seen[1].parent

@@ -26,8 +26,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,6 +48,26 @@ from .rerun import RERUN_TAG, add_rerun_box, papermill_command, rerun_box  # noq
 # jupyter_client starts the "python3" kernel with sys.executable, so notebooks run in this very
 # interpreter (the .venv that has earlyexit installed), whatever `python` is on PATH.
 KERNEL = "python3"
+
+
+def kernel_manager_class(sock_dir: Path):
+    """A jupyter_client kernel manager whose kernel talks over Unix sockets in ``sock_dir`` (a directory of
+    this execution's own) instead of TCP ports on 127.0.0.1; ``None`` where Unix sockets are not available
+    (Windows), which keeps jupyter_client's TCP default.
+
+    With TCP, jupyter_client picks five free ports, releases them and the kernel binds them a moment later:
+    two notebooks that start at once can pick the same port, and one kernel dies with "Address already in
+    use" (papermill issue #511; it happened here to one of two chapters started side by side). Socket files
+    in a private directory cannot collide."""
+    if os.name == "nt":
+        return None
+    from jupyter_client.manager import AsyncKernelManager
+
+    class PrivateSocketKernelManager(AsyncKernelManager):
+        def __init__(self, **kw):
+            super().__init__(transport="ipc", ip=str(sock_dir / "kernel"), **kw)
+
+    return PrivateSocketKernelManager
 
 
 class NotebookFailed(Exception):
@@ -126,10 +148,12 @@ def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progre
     env_before = os.environ.get("EARLYEXIT_PROGRESS")
     os.environ["EARLYEXIT_PROGRESS"] = "0"  # the kernel inherits it: no tqdm bars inside the book
     t0 = time.perf_counter()
+    sock_dir = Path(tempfile.mkdtemp(prefix="earlyexit-kernel-"))
+    km = kernel_manager_class(sock_dir)
     try:
         pm.execute_notebook(str(src), str(tmp), parameters=dict(parameters), kernel_name=KERNEL,
                             progress_bar=progress, log_output=False, cwd=str(paths.NOTEBOOKS),
-                            execution_timeout=timeout_s)
+                            execution_timeout=timeout_s, **({"kernel_manager_class": km} if km else {}))
     except PapermillExecutionError as e:
         if tmp.exists():
             os.replace(tmp, failed)
@@ -143,6 +167,7 @@ def execute(name: str, parameters: dict, *, timeout_s: int | None = None, progre
             os.replace(tmp, failed)
         raise
     finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
         if env_before is None:
             os.environ.pop("EARLYEXIT_PROGRESS", None)
         else:
