@@ -205,6 +205,7 @@ def test_recipes_follow_chapter_six_parameters():
     assert (lighter.p_max, lighter.e_scale) == (0.02, 0.01)
     assert all(rs[k].cfg.keep_weights for k in ("layerskip", "baseline", "distill", "light"))
     assert len({rs[k].directory() for k in ("layerskip", "baseline", "distill", "light")}) == 4
+    assert list(trained.continual(rs)) == ["layerskip", "baseline", "distill", "light"]
     assert rs["distill"].label().endswith("-distill") and rs["baseline"].label().endswith("-baseline")
     assert set(trained.recipes({**p, "variants": []})) == {"layerskip", "scratch-baseline", "scratch-layerskip"}
     with pytest.raises(ValueError, match="valid: baseline, distill, light"):

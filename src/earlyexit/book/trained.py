@@ -52,6 +52,12 @@ def recipes(p) -> dict[str, Recipe]:
             "scratch-layerskip": Recipe(base, TrainConfig(**scratch, recipe=True), g("seed"))}
 
 
+def continual(recipes: dict[str, Recipe]) -> dict[str, Recipe]:
+    """The continual pre-training runs of :func:`recipes` ("layerskip" and its variants, in that order): every
+    recipe that starts from the profile's model rather than from scratch."""
+    return {k: r for k, r in recipes.items() if not r.scratch}
+
+
 def recipes_for_profile(profile: str, model: str | None = None) -> dict[str, Recipe]:
     """The recipes chapter 6 trains under ``profile`` (profiles/<profile>.yml); chapters 7 and 8 load them.
 
