@@ -14,7 +14,13 @@ Tokens/s include the prompt pass; the fraction of the ceiling is taken on the de
 ``--tokens`` minus a run of 1 token), since only they read every weight once per token.
 ``--dtype bfloat16`` halves the bytes (and reports the logit error against fp32).
 
+``--kernels`` times the products alone instead, for every matrix of a layer and the head, at 1 to 16 rows: torch's
+``linear`` over the module's weight (MKL) against oneDNN over the weight reordered once (what the engine uses),
+side by side, with the bytes streamed per second and each row count's cost relative to one row. Each matrix is
+taken from every layer in turn, so that the products read from memory, not from the caches.
+
     python benchmarks/bench_engine.py [--model smollm2-135m] [--prompts 6] [--tokens 64] [--reps 3] [--dtype float32]
+    python benchmarks/bench_engine.py --kernels
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ import torch
 
 from earlyexit.corpus import encode, load_prompts
 from earlyexit.engine import DecodeConfig, decode
-from earlyexit.engine.adapter import Adapter
+from earlyexit.engine.adapter import Adapter, blocked_linear
 from earlyexit.engine.models import load_model
 
 
@@ -43,21 +49,21 @@ def bandwidth(mb: int = 512, reps: int = 7) -> float:
 
 
 def weight_products(A: Adapter, reps: int = 20) -> float:
-    """Seconds a token of the weight products alone takes: the same matrices the engine multiplies at batch 1
-    (packed W_Q|W_K|W_V, W_O, packed W_gate|W_up, W_down in every layer, then the head), chained on one row
-    with nothing else (no norm, attention, RoPE, cache or bookkeeping); the median of ``reps``. What the engine
-    spends above it is its own work."""
+    """Seconds a token of the weight products alone takes: the same oneDNN calls the engine makes at batch 1
+    (packed W_Q|W_K|W_V, W_O with the residual, W_gate with SiLU, W_up times it, W_down with the residual in
+    every layer, then the head), chained on one row with nothing else (no norm, attention, RoPE, cache or
+    bookkeeping); the median of ``reps``. What the engine spends above it is its own work."""
     P = A.packed
-    x = torch.zeros(1, A.config.hidden_size, dtype=A.dtype, device=A.device)
+    D = A.config.hidden_size
+    x = torch.zeros(1, 1, D, dtype=A.dtype, device=A.device)
 
     def token():
         y = x
         for l, layer in enumerate(A.layers):
-            q = y @ P.qkvT[l]
-            y = layer.self_attn.o_proj(q[:, :P.nq])
-            g = y @ P.guT[l]
-            y = layer.mlp.down_proj(g[:, :P.inter])
-        return y @ P.headT
+            q = P.qkv_proj(l, y)
+            y = P.o_residual(l, q[..., :P.nq], y)
+            y = P.mlp_residual(l, y, y, layer.mlp)
+        return P.head(y)
 
     with torch.inference_mode():
         token(), token()
@@ -98,6 +104,43 @@ def layer_math(A: Adapter, ctx: int = 96, tokens: int = 32) -> float:
     return statistics.median(ts)
 
 
+def kernels(A: Adapter, rows=(1, 2, 3, 4, 8, 16), reps: int = 5) -> None:
+    """Prints, per matrix and row count, the module layout's and oneDNN's microseconds a product, GB/s, and the
+    cost relative to one row (see the module docstring)."""
+    mats = {"W_Q|W_K|W_V": [torch.cat([ly.self_attn.q_proj.weight, ly.self_attn.k_proj.weight,
+                                       ly.self_attn.v_proj.weight]) for ly in A.layers],
+            "W_O": [ly.self_attn.o_proj.weight for ly in A.layers],
+            "W_gate": [ly.mlp.gate_proj.weight for ly in A.layers],
+            "W_down": [ly.mlp.down_proj.weight for ly in A.layers],
+            "LM head": [A.head.weight]}
+    print(f"{'matrix':<12} {'rows':>4} {'torch linear us':>16} {'GB/s':>6} {'x 1 row':>8} {'oneDNN us':>10} {'GB/s':>6} "
+          f"{'x 1 row':>8} {'speed-up':>9}")
+    with torch.inference_mode():
+        for name, Ws in mats.items():
+            fast = [blocked_linear(W) for W in Ws]
+            nbytes = Ws[0].numel() * Ws[0].element_size()
+            one = {}
+            for r in rows:
+                x = torch.randn(r, Ws[0].shape[1], dtype=A.dtype)
+                res = {}
+                for kind, fs in (("torch", [lambda W=W: torch.nn.functional.linear(x, W) for W in Ws]),
+                                 ("onednn", [lambda f=f: f(x) for f in fast])):
+                    for f in fs:
+                        f()
+                    ts = []
+                    for _ in range(reps):
+                        t = time.perf_counter()
+                        for f in fs:
+                            f()
+                        ts.append((time.perf_counter() - t) / len(fs))
+                    res[kind] = min(ts)
+                    one.setdefault(kind, res[kind])
+                print(f"{name:<12} {r:>4} {res['torch'] * 1e6:>16.1f} {nbytes / res['torch'] / 1e9:>6.1f} "
+                      f"{res['torch'] / one['torch']:>7.2f}x {res['onednn'] * 1e6:>10.1f} "
+                      f"{nbytes / res['onednn'] / 1e9:>6.1f} {res['onednn'] / one['onednn']:>7.2f}x "
+                      f"{res['torch'] / res['onednn']:>8.2f}x")
+
+
 def bytes_per_token(model) -> int:
     """Bytes of weights a batch-1 decoding step reads: every parameter once (a tied head counted once; the
     embedding table is the head's matrix), the embedding row itself being negligible."""
@@ -119,9 +162,15 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--kernels", action="store_true", help="time the weight products alone, by rows (see above)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     lm = load_model(a.model, device=a.device, dtype=a.dtype)
+    if a.kernels:
+        print(f"model={a.model} dtype={a.dtype} threads={torch.get_num_threads()}; memory bandwidth "
+              f"{bandwidth() / 1e9:.1f} GB/s")
+        kernels(Adapter(lm))
+        return
     ps = encode(load_prompts("mix", a.prompts, seed=0, tokenizer=lm.tokenizer, max_prompt_tokens=96),
                 lm.tokenizer, 96)
     dev = lm.device
@@ -156,7 +205,7 @@ def main():
             for f in (fs if r % 2 == 0 else fs[::-1]):
                 t[f.__name__].append(f(ids))
         bws.append(bandwidth())
-        if A.packed is not None:          # packed weights: float32 on a CPU
+        if A.packed is not None:          # packed weights: a CPU with oneDNN
             products.append(weight_products(A))
             maths.append(layer_math(A))
     n = a.tokens

@@ -18,6 +18,12 @@ def test_engine_benchmark_prints_the_ratio_and_the_bandwidth_ceiling():
     assert "ratio engine/HF" in out and "of the ceiling" in out and "packed/module layout" in out
 
 
+def test_engine_benchmark_times_the_kernels_by_rows():
+    out = run("benchmarks/bench_engine.py", "--model", "tiny-llama", "--kernels")
+    assert "oneDNN us" in out and "LM head" in out and "W_down" in out
+    assert len([ln for ln in out.splitlines() if ln.startswith("W_O ")]) == 6     # rows 1, 2, 3, 4, 8, 16
+
+
 def test_early_exit_benchmark_prints_ratios_and_the_goal():
     out = run("benchmarks/bench_early_exit.py", "--profile", "smoke", "--prompts", "1", "--tokens", "4", "--reps", "1",
               "--thresholds", "0.5")

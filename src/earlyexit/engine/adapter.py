@@ -11,22 +11,26 @@ Whatever the caller holds (a :class:`~earlyexit.engine.models.LoadedModel`, a Hu
 
 The decoding loop, copy-forward, self-speculation and the training code all read the model through it.
 
-Packed weights (CPU, float32, inference only). Batch-1 decoding multiplies one row by each weight matrix. On
-the reference CPU, torch's ``linear`` over Hugging Face's (out, in) layout streams those matrices at about
-9 GB/s, while the same product over an (in, out) copy, with W_Q|W_K|W_V and W_gate|W_up each fused into one
-matrix, streams at about 15 GB/s (the LM head: 12 ms against 7 ms a row); from 4 rows on the module layout
-is as fast or faster. :meth:`Adapter.for_inference` (called by the decoding front door and the cost model)
-builds those copies once per model and weight version, and products of at most ``PACK_MAX_ROWS`` rows use
-them. They change only float rounding (tested against Hugging Face and against the module layout); training
-(gradients on) never uses them.
+Packed weights (CPU inference). Decoding multiplies a few rows (one token, a verification chunk, a
+recompute batch) by each weight matrix, so its speed is the speed at which those matrices stream from memory.
+On the reference CPU, torch's ``linear`` (MKL) streams them at 16-25 GB/s for one row and packs the matrix
+again on every call for two or more rows, so that 2 rows cost about twice 1 row and the LM head over 4 rows
+2.7 times; a sum over the same bytes reads 39 GB/s. The same products through oneDNN over weights reordered
+once into its blocked layout (what inductor's frozen CPU graphs call) stream at 30-38 GB/s, and 2-4 rows cost
+1.0-1.15 times 1 row (measured with ``benchmarks/bench_engine.py --kernels``). :meth:`Adapter.for_inference`
+(called by the decoding front door and the cost model) builds those copies once per model and weight version
+(:class:`Packed`), and every product without gradients uses them. They change only float rounding (tested
+against Hugging Face and against the module layout); training (gradients on) never uses them.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 FUSED_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
-PACK_MAX_ROWS = 3   # rows up to which the packed layout is faster (measured: 1-3 rows 1.6-1.9x, 4 rows slower)
+PACK_HINT_ROWS = 4  # the rows oneDNN lays the weights out for (1 picks a layout that is slow from 2 rows on)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -68,8 +72,14 @@ class Adapter:
         # the weights' identity when the caller knows it (a LoadedModel does), for checks such as a
         # classifier trained for this very model
         self.weights_id = getattr(lm, "weights_sha256", None) if not isinstance(lm, Adapter) else lm.weights_id
-        # pack: None = where it pays (CPU, float32); False = always the modules' own layout
-        self.pack = (self.device.type == "cpu" and self.dtype == torch.float32) if pack is None else pack
+        # pack: None = where it pays (a CPU with oneDNN, float32 or bfloat16); False = the modules' own layout
+        if pack is None:
+            pack = self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and onednn_available()
+        elif pack and not (self.device.type == "cpu" and onednn_available()):
+            raise ValueError(f"packed weights need a CPU torch build with oneDNN; this model is on "
+                             f"{self.device.type} (torch.backends.mkldnn.is_available() = "
+                             f"{torch.backends.mkldnn.is_available()}): use pack=None or False")
+        self.pack = pack
         self.packed: Packed | None = None
 
     def for_inference(self) -> "Adapter":
@@ -81,14 +91,15 @@ class Adapter:
     def rms(self, norm, h: torch.Tensor) -> torch.Tensor:
         """``norm(h)``; with packing on and no gradients, the fused ``F.rms_norm`` for the families' RMSNorm
         (the same formula in float32: bit-identical on CPU, tested), one kernel instead of seven."""
-        if self.packed is not None and type(norm).__name__ in FUSED_NORMS and not torch.is_grad_enabled():
+        if self.packed is not None and h.dtype == torch.float32 and type(norm).__name__ in FUSED_NORMS \
+                and not torch.is_grad_enabled():
             return torch.nn.functional.rms_norm(h, norm.weight.shape, norm.weight, norm.variance_epsilon)
         return norm(h)
 
-    def _pack(self, rows: int):
-        """The packed weights when this product should use them: packing on, few rows, no gradients."""
+    def _pack(self):
+        """The packed weights when a product should use them: packing on and no gradients."""
         P = self.packed
-        return P if P is not None and rows <= PACK_MAX_ROWS and not torch.is_grad_enabled() else None
+        return P if P is not None and not torch.is_grad_enabled() else None
 
     @property
     def context_limit(self) -> int:
@@ -112,7 +123,7 @@ class Adapter:
         layer = self.layers[l]
         attn = layer.self_attn
         b, S, _ = h.shape
-        P = self._pack(b * S)
+        P = self._pack()
         x = self.rms(layer.input_layernorm, h)
         if P is not None and not hasattr(attn, "q_norm"):
             return P.qkv_rope(l, x, cos, sin, with_q, self.H, self.Hkv, self.d)
@@ -143,14 +154,17 @@ class Adapter:
         then the MLP block."""
         layer = self.layers[l]
         b, _, S, _ = o.shape
-        h = h + layer.self_attn.o_proj(o.transpose(1, 2).reshape(b, S, self.H * self.d))
-        x = self.rms(layer.post_attention_layernorm, h)
-        P = self._pack(b * S)
-        return h + (P.mlp(l, x, layer.mlp) if P is not None else layer.mlp(x))
+        o = o.transpose(1, 2).reshape(b, S, self.H * self.d)
+        P = self._pack()
+        if P is not None:
+            h = P.o_residual(l, o, h)
+            return P.mlp_residual(l, self.rms(layer.post_attention_layernorm, h), h, layer.mlp)
+        h = h + layer.self_attn.o_proj(o)
+        return h + layer.mlp(self.rms(layer.post_attention_layernorm, h))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """``head(norm(h))``: a residual stream read through the final norm and the shared LM head."""
-        P = self._pack(h.shape[0] * (h.shape[1] if h.dim() == 3 else 1))
+        P = self._pack()
         x = self.rms(self.norm, h)
         return P.head(x) if P is not None else self.head(x)
 
@@ -159,13 +173,12 @@ class Adapter:
         logits of ``norm(h)``, in the packed layout when packing is on."""
         W = self.head.weight.index_select(0, ids).contiguous()
         b = self.head.bias.index_select(0, ids) if self.head.bias is not None else None
-        WT = W.t().contiguous() if self.packed is not None else None
+        fast = blocked_linear(W, b) if self.packed is not None else None
 
         def f(h):
             x = self.rms(self.norm, h)
-            if WT is not None and self._pack(h.shape[0] * (h.shape[1] if h.dim() == 3 else 1)) is not None:
-                return x @ WT if b is None else torch.addmm(b, x.reshape(-1, x.shape[-1]), WT).view(
-                    *x.shape[:-1], -1)
+            if fast is not None and self._pack() is not None:
+                return fast(x)
             return torch.nn.functional.linear(x, W, b)
         return f
 
@@ -175,74 +188,90 @@ def adapter(lm) -> Adapter:
     return lm if isinstance(lm, Adapter) else Adapter(lm)
 
 
-def _mm(x: torch.Tensor, WT: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    y = x @ WT
-    return y if b is None else y + b
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN's prepacked linear (its x86 and Arm CPU builds do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def _blocked(W: torch.Tensor) -> torch.Tensor:
+    """``W`` (out, in) reordered once into oneDNN's blocked layout for products of a few rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(W.detach().contiguous(), PACK_HINT_ROWS)
 
 
 def _cat(*ts):
-    return None if any(t is None for t in ts) else torch.cat(ts).contiguous()
+    return None if any(t is None for t in ts) else torch.cat(ts).detach().contiguous()
+
+
+# model -> (weight versions, Packed): beside the model, not on it, so that copying or pickling a model never
+# meets oneDNN's opaque tensors, and a model's copies go when the model does
+_PACKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class Packed:
-    """(in, out) copies of one model's weights for small products on the CPU: per layer W_Q|W_K|W_V and
-    W_gate|W_up fused, and the LM head. Kept on the model and rebuilt when any of those weights changed
-    (their ``_version`` counters), so training between two decodes never leaves a stale copy in use."""
+    """One model's weights reordered for oneDNN (CPU inference; see the module docstring): per layer
+    W_Q|W_K|W_V fused (and W_K|W_V alone, for copy-forward), W_O, W_gate, W_up and W_down, and the LM head.
+
+    The products after attention and in the MLP carry their neighbours as the kernel's post-ops: W_O and
+    W_down add the residual, W_gate applies SiLU and W_up multiplies by it, so a layer's MLP is three
+    calls and no separate element-wise pass. Kept beside the model and rebuilt when any weight changed (their
+    ``_version`` counters), so training between two decodes never leaves a stale copy in use."""
 
     def __init__(self, A: Adapter):
-        self.qkvT, self.qkv_b, self.guT, self.gu_b = [], [], [], []
+        self.qkv, self.qkv_b, self.kv, self.kv_b = [], [], [], []
+        self.o, self.o_b, self.gate, self.gate_b, self.up, self.up_b, self.down, self.down_b = ([] for _ in range(8))
+        self.silu = []
         self.nq = A.H * A.d
-        self.nkv = A.Hkv * A.d
         for layer in A.layers:
             at, mlp = layer.self_attn, layer.mlp
-            ps = (at.q_proj, at.k_proj, at.v_proj)
-            self.qkvT.append(torch.cat([p.weight for p in ps]).t().contiguous())
-            self.qkv_b.append(_cat(*(p.bias for p in ps)))
-            self.guT.append(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t().contiguous())
-            self.gu_b.append(_cat(mlp.gate_proj.bias, mlp.up_proj.bias))
-        self.inter = mlp.gate_proj.out_features
-        self.headT = A.head.weight.t().contiguous()
-        self.head_b = A.head.bias
+            self.qkv.append(_blocked(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])))
+            self.qkv_b.append(_cat(at.q_proj.bias, at.k_proj.bias, at.v_proj.bias))
+            self.kv.append(_blocked(torch.cat([at.k_proj.weight, at.v_proj.weight])))
+            self.kv_b.append(_cat(at.k_proj.bias, at.v_proj.bias))
+            for name, m in (("o", at.o_proj), ("gate", mlp.gate_proj), ("up", mlp.up_proj), ("down", mlp.down_proj)):
+                getattr(self, name).append(_blocked(m.weight))
+                getattr(self, name + "_b").append(None if m.bias is None else m.bias.detach())
+            self.silu.append(isinstance(mlp.act_fn, torch.nn.SiLU))
+        self.head_w = _blocked(A.head.weight)
+        self.head_b = None if A.head.bias is None else A.head.bias.detach()
 
     @staticmethod
     def _key(A: Adapter) -> tuple:
         ps = [A.head.weight]
         for layer in A.layers:
             at, mlp = layer.self_attn, layer.mlp
-            ps += [at.q_proj.weight, at.k_proj.weight, at.v_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight]
-            ps += [m.bias for m in (at.q_proj, at.k_proj, at.v_proj, mlp.gate_proj, mlp.up_proj)
-                   if m.bias is not None]
+            for m in (at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                ps += [m.weight] + ([m.bias] if m.bias is not None else [])
         return tuple((p.data_ptr(), p._version) for p in ps)
 
     @classmethod
     def of(cls, A: Adapter) -> "Packed":
         """The model's packed weights, built now if it has none or if a weight changed since."""
         key = cls._key(A)
-        held = getattr(A.model, "_earlyexit_packed", None)
+        held = _PACKS.get(A.model)
         if held is None or held[0] != key:
+            _PACKS.pop(A.model, None)                         # let the old copy go before building the new one
             with torch.no_grad():
                 held = (key, cls(A))
-            A.model._earlyexit_packed = held
+            _PACKS[A.model] = held
         return held[1]
+
+    def qkv_proj(self, l: int, x: torch.Tensor, with_q: bool = True) -> torch.Tensor:
+        """``x`` through W_Q|W_K|W_V (or W_K|W_V alone without ``with_q``), before any reshaping."""
+        return _LINEAR(x, self.qkv[l], self.qkv_b[l], "none", [], "") if with_q else \
+            _LINEAR(x, self.kv[l], self.kv_b[l], "none", [], "")
 
     def qkv(self, l: int, x: torch.Tensor, with_q: bool = True):
         """Layer ``l``'s K, V and (``with_q``) Q projections of the normed ``x``, before any reshaping."""
-        nq, nkv = self.nq, self.nkv
-        if with_q:
-            y = _mm(x, self.qkvT[l], self.qkv_b[l])
-            return y[..., nq:nq + nkv], y[..., nq + nkv:], y[..., :nq]
-        b = self.qkv_b[l]
-        y = _mm(x, self.qkvT[l][:, nq:], b[nq:] if b is not None else None)
-        return y[..., :nkv], y[..., nkv:], None
+        y = self.qkv_proj(l, x, with_q)
+        lo = self.nq if with_q else 0
+        nkv = (y.shape[-1] - lo) // 2
+        return y[..., lo:lo + nkv], y[..., lo + nkv:], (y[..., :lo] if with_q else None)
 
     def qkv_rope(self, l: int, x, cos, sin, with_q: bool, H: int, Hkv: int, d: int):
         """:meth:`qkv` with RoPE applied to Q and K in one pass (families without q/k norms); returns q, k, v
         shaped (b, H, S, d), (b, H_kv, S, d) as :meth:`Adapter.qkv` does (q None without ``with_q``)."""
         b, S, _ = x.shape
-        nq, nkv = self.nq, self.nkv
-        lo = 0 if with_q else nq
-        bias = self.qkv_b[l]
-        y = _mm(x, self.qkvT[l][:, lo:], bias[lo:] if bias is not None else None)
+        y = self.qkv_proj(l, x, with_q)
         heads = (H if with_q else 0) + Hkv
         r = y[..., :heads * d].view(b, S, heads, d)
         c, s = cos.unsqueeze(2), sin.unsqueeze(2)
@@ -252,10 +281,28 @@ class Packed:
         q = r[:, :, :H].transpose(1, 2) if with_q else None
         return q, k, v
 
-    def mlp(self, l: int, x: torch.Tensor, module) -> torch.Tensor:
-        """Layer ``l``'s MLP on the normed ``x``: down(act(gate x) * up x), with gate|up as one product."""
-        gu = _mm(x, self.guT[l], self.gu_b[l])
-        return module.down_proj(module.act_fn(gu[..., :self.inter]) * gu[..., self.inter:])
+    def o_residual(self, l: int, o: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``h + W_O o``: the attention output into the residual stream, in one call."""
+        return _LINEAR.binary(o, h, self.o[l], self.o_b[l], "add")
+
+    def mlp_residual(self, l: int, x: torch.Tensor, h: torch.Tensor, module) -> torch.Tensor:
+        """``h + W_down(act(W_gate x) * W_up x)``: layer ``l``'s MLP on the normed ``x`` and the residual."""
+        if self.silu[l]:
+            g = _LINEAR(x, self.gate[l], self.gate_b[l], "swish", [], "")
+        else:
+            g = module.act_fn(_LINEAR(x, self.gate[l], self.gate_b[l], "none", [], ""))
+        m = _LINEAR.binary(x, g, self.up[l], self.up_b[l], "mul")
+        return _LINEAR.binary(m, h, self.down[l], self.down_b[l], "add")
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        return _mm(x, self.headT, self.head_b)
+        return _LINEAR(x, self.head_w, self.head_b, "none", [], "")
+
+
+def blocked_linear(W: torch.Tensor, b: torch.Tensor | None = None):
+    """``f(x) = x W^T + b`` with ``W`` reordered once for oneDNN (a shortlist head's rows, say)."""
+    Wb = _blocked(W)
+    b = None if b is None else b.detach()
+    return lambda x: _LINEAR(x.contiguous(), Wb, b, "none", [], "")
+
+
+_LINEAR = torch.ops.mkldnn._linear_pointwise if onednn_available() else None
