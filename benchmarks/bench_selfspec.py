@@ -3,7 +3,8 @@
 On the LayerSkip-trained model of the profile's chapter 6, each configuration decodes the same prompts one at a
 time, interleaved with full-depth decoding of the same prompt (alternating which goes first), after a
 warm-up: our self-speculation with the full draft head, with the shortlist head (FR-Spec), with adaptive draft
-length, the training-free layer-skipping drafter (``--skip`` layers left out, chosen as in chapter 7), and
+length, the training-free layer-skipping drafter (``--skip`` layers left out, chosen as in chapter 7; at d and,
+over the shortlist head, at ``--skip-draft``), and
 transformers' ``generate(assistant_early_exit=E)`` at the same (E, d), economize's drafters (``early_exit``, its
 ``frspec`` shortlist over the same K tokens, ``layer_skip`` over the same layers), and plain transformers
 ``generate`` (full depth). It prints the median tokens/s of each, its ratio to full depth, acceptance, and whether
@@ -11,7 +12,8 @@ every output equals full depth's. The goals it checks (issue "self-speculation t
 depth (1.5x the target), at least 1.3x the transformers peer, and our best against economize's fastest lossless
 technique.
 
-    python benchmarks/bench_selfspec.py [--profile cpu] [--exit-layer 25] [--draft 2] [--shortlist 8192] [--skip 8] [--prompts 4]
+    python benchmarks/bench_selfspec.py [--profile cpu] [--exit-layer 25] [--draft 2] [--shortlist 8192] [--skip 8]
+                                        [--skip-draft 1] [--prompts 4]
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip", type=int, default=8, help="layers the training-free drafter leaves out (0: none)")
+    ap.add_argument("--skip-draft", type=int, default=1, help="draft length of the layer-skipping drafter over the "
+                    "shortlist head")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     P = runner.load_profile(a.profile).parameters("07_self_speculative")
@@ -57,8 +61,12 @@ def main():
     if a.skip:   # the training-free drafter: the whole model minus a greedy choice of layers (chapter 7)
         path = probes.skip_search(lm, P["skip_blocks"], P["skip_block_tokens"], a.skip, seed=P["seed"])
         layers = tuple(int(x) for x in path.set_index("n_skip").loc[a.skip, "skip"].split())
+        sd, K = a.skip_draft, a.shortlist
         methods[f"layer-skip draft ({a.skip} of {L} out) d={d}"] = SS(L, d, skip=layers)
+        methods[f"layer-skip draft ({a.skip} of {L} out) d={sd} K={K}"] = SS(L, sd, skip=layers, shortlist=K)
         methods[f"economize layer_skip ({a.skip} of {L} out) d={d}"] = DecodeConfig.economize(L, d, skip=layers)
+        methods[f"economize frspec K={K} layer_skip ({a.skip} of {L} out) d={sd}"] = \
+            DecodeConfig.economize(L, sd, skip=layers, shortlist=K)
     full = DecodeConfig.full()
     for cfg in (full, *methods.values()):                      # warm-up (and the shortlist's token counts)
         decode(lm, [es.ids[0]], cfg, 4, stop_at_eos=False)

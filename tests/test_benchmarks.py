@@ -34,7 +34,8 @@ def test_selfspec_benchmark_prints_ours_the_peer_and_the_goal():
     out = run("benchmarks/bench_selfspec.py", "--profile", "smoke", "--prompts", "1", "--tokens", "6", "--reps", "1",
               "--shortlist", "512", "--exit-layer", "3", "--skip", "2")
     assert "K=512" in out and "HF assistant_early_exit" in out and "goal:" in out
-    assert "layer-skip draft (2 of 6 out)" in out
+    assert "layer-skip draft (2 of 6 out)" in out and "layer-skip draft (2 of 6 out) d=1 K=512" in out
+    assert "economize frspec K=512 layer_skip (2 of 6 out) d=1" in out
     assert "HF generate (full depth)" in out and "economize layer_skip (2 of 6 out)" in out
     assert "economize's fastest lossless technique" in out
 

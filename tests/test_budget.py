@@ -29,6 +29,17 @@ def test_a_round_counts_what_the_engine_runs(lm, E, d, short):
     assert calls == {k: v * rounds for k, v in one.items()}
 
 
+@pytest.mark.parametrize("skip,d,short", [((2,), 1, True), ((3, 5), 2, False), ((2, 3, 4), 1, False)])
+def test_a_layer_skipping_round_counts_what_the_engine_runs(lm, skip, d, short):
+    L = lm.num_layers
+    cfg = DecodeConfig.self_speculation(L, d, skip=skip, **({"shortlist": 64} if short else {}))
+    r = decode(lm, [[5, 6, 7, 8, 9]], cfg, 17, stop_at_eos=False)
+    calls = r.meta["calls"]["decode"]
+    rounds = calls["steps"]
+    one = budget.round_calls(L, L, d, shortlist=short, skip=skip)
+    assert calls == {k: v * rounds for k, v in one.items()}
+
+
 def cheap_head_units():
     """Hand units with a cheap head: a layer over k tokens 1 + k ms, the head over r rows 2·r (a shortlist
     0.5·r), a step's overhead 1."""
@@ -65,6 +76,18 @@ def test_bad_rounds_are_refused():
         budget.round_calls(6, 6, 2)
     with pytest.raises(ValueError, match="d >= 1"):
         budget.round_calls(6, 2, 0)
+    with pytest.raises(ValueError, match=r"skipped layers must lie in \[1, 5\]"):
+        budget.round_calls(6, 6, 1, skip=(6,))
+
+
+def test_a_layer_skipping_round_by_hand():
+    U = cheap_head_units()
+    # L = 6, layers 3 and 5 left out (s0 = 2, 0-based), d = 1: the draft runs 4 one-token layers, the last
+    # draft's own pass layers 1..2, verification layers 3..6 over 2 columns: 6 one-token calls (2 ms) = 12,
+    # 4 calls over 2 tokens (3 ms) = 12, the draft head 2, the verify head over 2 rows 4, the step 1
+    t_round = 12 + 12 + 2 + 4 + 1
+    assert costmodel.predict(budget.round_calls(6, 6, 1, skip=(3, 5)), U)["total"] * 1e3 == pytest.approx(t_round)
+    assert budget.speedup(0.5, 6, 6, 1, U, skip=(3, 5)) == pytest.approx(1.5 * 15 / t_round)
 
 
 def test_the_fit_recovers_a_logit_line_and_inverts_it():

@@ -313,13 +313,15 @@ def test_chapter_sevens_drafters_in_the_table_are_lossless_and_read_back_from_th
     lm, es = tiny
     sset = es.subset(2)
     L = lm.num_layers
-    p7 = {"shortlist": 64, "draft_confidence": 0.5, "skip_layers": [1, 2], "skip_blocks": 2,
-          "skip_block_tokens": 16, "seed": 0}
+    p7 = {"shortlist": 64, "draft_confidence": 0.5, "skip_layers": [1, 2], "skip_draft_lens": [1, 2],
+          "skip_blocks": 2, "skip_block_tokens": 16, "seed": 0}
     pts = compare.drafter_points(lm, sset, N, [(2, 2), (3, 2), (3, 3)], p7, L, plain=True)
     assert set(pts["method"]) == {"self-speculation", *compare.DRAFTERS}
-    # the layer-skip drafter runs at the fastest plain d only, as chapter 7 runs it: one point per skip count
+    # the layer-skip drafter runs at chapter 7's draft lengths over the shortlist head, as chapter 7 runs it: one
+    # point per skip count and d
     skip_pts = pts[pts.method == "layer-skip drafter"]
-    assert len(skip_pts) == 2 * len(sset) and skip_pts["label"].nunique() == 2
+    assert len(skip_pts) == 2 * 2 * len(sset) and skip_pts["label"].nunique() == 4
+    assert skip_pts["label"].str.contains("K=64").all()
     assert (pts["consistency"] == 1.0).all() and (pts["exact_match"] == 1.0).all(), "every drafter is lossless"
     assert pts[pts.method == "layer-skip drafter"]["label"].str.contains("skip 2 layers").any()
     assert pts[pts.method == "self-speculation, shortlist"]["label"].str.contains("K=64").all()

@@ -24,12 +24,20 @@ import pandas as pd
 from . import costmodel
 
 
-def round_calls(L: int, E: int, d: int, shortlist: bool = False) -> dict:
+def round_calls(L: int, E: int, d: int, shortlist: bool = False, skip=()) -> dict:
     """The calls of one self-speculative round with ``d`` drafts from layer ``E`` of ``L`` (every draft
-    proposed; see the module docstring), keyed as :class:`~earlyexit.engine.Result` counts them."""
-    if not (isinstance(E, int) and 1 <= E < L) or not (isinstance(d, int) and d >= 1):
-        raise ValueError(f"need 1 <= E < L = {L} and d >= 1, got E={E!r}, d={d!r}")
-    return {"layer:1": (d + 1) * E, f"layer:{d + 1}": L - E,
+    proposed; see the module docstring), keyed as :class:`~earlyexit.engine.Result` counts them.
+
+    ``skip`` (layer numbers, 1-based, below E): a layer-skipping draft. With s0 the lowest layer left out
+    (0-based; s0 = E without skipping), each draft runs E − len(skip) layers for one token, the last draft's
+    own pass runs layers 1..s0, and verification runs layers s0+1..L over the d + 1 columns."""
+    top = L if skip else L - 1
+    if not (isinstance(E, int) and 1 <= E <= top) or not (isinstance(d, int) and d >= 1):
+        raise ValueError(f"need 1 <= E < L = {L} (E = L with skipped layers) and d >= 1, got E={E!r}, d={d!r}")
+    if any(not 1 <= n < E for n in skip):
+        raise ValueError(f"skipped layers must lie in [1, {E - 1}], got {sorted(skip)}")
+    s0 = min([n - 1 for n in skip] + [E])
+    return {"layer:1": d * (E - len(set(skip))) + s0, f"layer:{d + 1}": L - s0,
             f"head:{'draft_short' if shortlist else 'draft'}:1": d, f"head:verify:{d + 1}": 1, "steps": 1}
 
 
@@ -44,22 +52,22 @@ def tokens_per_round(alpha, d: int):
     return sum(a ** i for i in range(d + 1))
 
 
-def _round_in_steps(L: int, E: int, d: int, units: pd.DataFrame, shortlist: bool) -> float:
+def _round_in_steps(L: int, E: int, d: int, units: pd.DataFrame, shortlist: bool, skip=()) -> float:
     """T_round / T_full: what a round costs in full-depth decoding steps."""
     t_full = costmodel.predict(full_calls(L), units)["total"]
-    return costmodel.predict(round_calls(L, E, d, shortlist), units)["total"] / t_full
+    return costmodel.predict(round_calls(L, E, d, shortlist, skip), units)["total"] / t_full
 
 
-def speedup(alpha, L: int, E: int, d: int, units: pd.DataFrame, shortlist: bool = False):
+def speedup(alpha, L: int, E: int, d: int, units: pd.DataFrame, shortlist: bool = False, skip=()):
     """Predicted speed-up over full depth at per-draft acceptance ``alpha`` (scalar or array)."""
-    return tokens_per_round(alpha, d) / _round_in_steps(L, E, d, units, shortlist)
+    return tokens_per_round(alpha, d) / _round_in_steps(L, E, d, units, shortlist, skip)
 
 
 def needed_acceptance(L: int, E: int, d: int, units: pd.DataFrame, target: float = 1.0,
-                      shortlist: bool = False) -> float:
+                      shortlist: bool = False, skip=()) -> float:
     """The per-draft acceptance at which the predicted speed-up reaches ``target``; NaN when even α = 1
     (every draft accepted) falls short."""
-    need = target * _round_in_steps(L, E, d, units, shortlist)     # tokens a round must emit
+    need = target * _round_in_steps(L, E, d, units, shortlist, skip)     # tokens a round must emit
     if tokens_per_round(1.0, d) < need:
         return float("nan")
     if tokens_per_round(0.0, d) >= need:

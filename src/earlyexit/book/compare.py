@@ -102,8 +102,8 @@ def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers:
     ``spec`` (timed), the shortlist draft head (``p7["shortlist"]`` rows) and the adaptive draft length
     (``p7["draft_confidence"]``, d up to the longest of ``spec``, full head and shortlist); and the training-free
     layer-skipping drafter (``p7["skip_layers"]`` of ``released_layers`` layers left out, scaled to ``lm``'s depth,
-    chosen by :func:`~earlyexit.book.probes.skip_search` on chapter 7's blocks) at that fastest d, as chapter 7
-    runs it. With ``plain`` the plain grid's rows too (a model :func:`model_points` does not cover). The parameters
+    chosen by :func:`~earlyexit.book.probes.skip_search` on chapter 7's blocks) at every d of
+    ``p7["skip_draft_lens"]`` over the shortlist head, as chapter 7 runs it. With ``plain`` the plain grid's rows too (a model :func:`model_points` does not cover). The parameters
     are chapter 7's, so its timed points are read from the result cache, not timed again."""
     from . import probes
 
@@ -124,8 +124,9 @@ def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers:
     path = path.set_index("n_skip")
     for n in n_skip:
         skip = tuple(int(x) for x in path.loc[n, "skip"].split())
-        sp = timing.spec_point(lm, spec_set, n_new, L, bd, repeats=repeats, peer=False, skip=skip)
-        frames.append(_spec_rows(sp, "layer-skip drafter", SS(L, bd, skip=skip)))
+        for d in p7["skip_draft_lens"]:
+            sp = timing.spec_point(lm, spec_set, n_new, L, d, repeats=repeats, peer=False, skip=skip, shortlist=K)
+            frames.append(_spec_rows(sp, "layer-skip drafter", SS(L, d, skip=skip, shortlist=K)))
     return pd.concat(frames, ignore_index=True)
 
 

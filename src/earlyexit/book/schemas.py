@@ -199,8 +199,10 @@ SELF_SPECULATIVE = register(
                         "stream (0: the full vocabulary)", range=(0, 10_000_000)),
         draft_confidence=Param(float, 0.5, "adaptive draft length: a round stops drafting after a draft whose "
                                "probability is below this", range=(1e-6, 0.999999)),
-        skip_layers=Param(list, [4, 8], "training-free drafter: how many layers it leaves out (chosen greedily "
-                          "on training text; each in [1, L-2])", item=int, range=(1, 1024)),
+        skip_layers=Param(list, [4, 8, 12], "training-free drafter: how many layers it leaves out (chosen "
+                          "greedily on training text; each in [1, L-2])", item=int, range=(1, 1024)),
+        skip_draft_lens=Param(list, [1, 2], "training-free drafter: draft lengths d swept (it drafts over the "
+                              "shortlist head when shortlist > 0)", item=int, range=(1, 64)),
         skip_blocks=Param(int, 4, "training-text blocks the layer search scores on", range=(1, 1024)),
         skip_block_tokens=Param(int, 48, "tokens per block of the layer search", range=(2, 65_536)),
     ),
