@@ -44,6 +44,17 @@ def test_acceptance_is_total_when_draft_is_the_model(model):
     assert spec.sequences()[0] == generate(m, [prompt(1)], 20, stop_at_eos=False).tokens[0].tolist()
 
 
+def test_plain_hf_generate_is_a_peer_of_full_depth(model):
+    ids = [prompt(5), prompt(6, 7)]
+    full = generate(model, ids, 12, stop_at_eos=False)
+    r = decode(model, ids, DecodeConfig.hf_generate(), 12, stop_at_eos=False)
+    assert r.tokens.tolist() == full.tokens.tolist() and r.wall_s > 0
+    assert DecodeConfig.hf_generate().label == "hf generate (full depth)"
+    assert DecodeConfig.hf_generate().key() == {"method": "hf-generate"}
+    with pytest.raises(ValueError, match="takes no exit layer"):
+        DecodeConfig("hf-generate", exit_layer=3)
+
+
 def test_hf_peer_agrees(model):
     ids = prompt(2)
     full = generate(model, [ids], 16, stop_at_eos=False).tokens[0].tolist()

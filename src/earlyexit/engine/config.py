@@ -3,6 +3,7 @@
     cfg = DecodeConfig.early_exit("softmax", "lazy-recompute", threshold=0.9, min_layer=15)
     cfg = DecodeConfig.self_speculation(exit_layer=25, draft_len=2)
     cfg = DecodeConfig.hf_assistant(exit_layer=25, draft_len=2)     # transformers' own, as a peer
+    cfg = DecodeConfig.hf_generate()                                 # transformers' plain greedy generate
     cfg.label     # 'softmax 0.9 / lazy-recompute'
     cfg.key()     # plain data for a result-cache key
 
@@ -17,7 +18,7 @@ import torch
 from .fill import STRATEGIES
 from .rules import RULES
 
-METHODS = ("early-exit", "self-speculation", "hf-assistant", "economize")
+METHODS = ("early-exit", "self-speculation", "hf-assistant", "economize", "hf-generate")
 # Counters every Result carries, per row and generated token (B, N); see Result.
 COUNTERS = ("layers_run", "recompute_layers", "copied_kv", "head_checks", "hole_reads", "hole_weight",
             "drafted", "accepted")
@@ -38,7 +39,8 @@ class DecodeConfig:
     ``method`` is ``"early-exit"`` (an exit rule with a fill strategy), ``"self-speculation"`` (LayerSkip:
     draft with the first ``exit_layer`` layers, ``draft_len`` tokens a round, verify with the rest over one
     cache), ``"hf-assistant"`` (transformers' ``generate(assistant_early_exit=...)``, the same idea, as a
-    peer) or ``"economize"`` (the economize library's drafters, a second peer: :mod:`earlyexit.engine.peers`).
+    peer), ``"economize"`` (the economize library's drafters, a second peer: :mod:`earlyexit.engine.peers`) or
+    ``"hf-generate"`` (transformers' plain greedy ``generate``: the peer of this engine's full depth).
     ``rule_args`` holds the rule's arguments as sorted (name, value) pairs; build configurations with the class
     methods, which take them as keywords.
     """
@@ -58,6 +60,10 @@ class DecodeConfig:
                 raise ValueError(f"unknown exit rule {self.rule!r}; valid: {', '.join(RULES)}")
             if self.strategy not in STRATEGIES:
                 raise ValueError(f"unknown fill strategy {self.strategy!r}; valid: {', '.join(STRATEGIES)}")
+        elif self.method == "hf-generate":
+            if self.rule_args or self.exit_layer is not None or self.draft_len is not None:
+                raise ValueError("hf-generate is transformers' plain greedy decoding: it takes no exit layer, draft "
+                                 "length or options")
         else:
             for name in ("exit_layer", "draft_len"):
                 v = getattr(self, name)
@@ -90,6 +96,11 @@ class DecodeConfig:
     @classmethod
     def hf_assistant(cls, exit_layer: int, draft_len: int) -> "DecodeConfig":
         return cls("hf-assistant", "full", "naive-mask", (), exit_layer, draft_len)
+
+    @classmethod
+    def hf_generate(cls) -> "DecodeConfig":
+        """transformers' own greedy ``generate`` at full depth, as the peer of this engine's full depth."""
+        return cls("hf-generate")
 
     @classmethod
     def economize(cls, exit_layer: int, draft_len: int, **draft_args) -> "DecodeConfig":
@@ -128,6 +139,8 @@ class DecodeConfig:
             return f"self-spec E={self.exit_layer} d={self.draft_len}{extra}"
         if self.method == "hf-assistant":
             return f"hf assistant E={self.exit_layer} d={self.draft_len}"
+        if self.method == "hf-generate":
+            return "hf generate (full depth)"
         if self.method == "economize":
             kw = self.args
             what = f"layer_skip {len(kw['skip'])} layers" if kw.get("skip") else f"early_exit E={self.exit_layer}"
@@ -146,6 +159,8 @@ class DecodeConfig:
         if self.method == "early-exit":
             return {"rule": self.rule, "strategy": self.strategy,
                     "rule_kw": {k: _plain(v) for k, v in self.rule_args}}
+        if self.method == "hf-generate":
+            return {"method": self.method}
         key = {"method": self.method, "E": self.exit_layer, "d": self.draft_len}
         if self.rule_args:  # drafting options (absent from the keys of plain runs, which stay as they were)
             key["draft_kw"] = {k: _plain(v) for k, v in self.rule_args}

@@ -21,7 +21,7 @@ from .fill import make_strategy
 from .loop import early_exit
 from .rules import make_rule
 from .peers import economize_decode
-from .speculative import check_draft, hf_assistant_early_exit, self_speculative, shortlist_ids
+from .speculative import check_draft, hf_assistant_early_exit, hf_generate, self_speculative, shortlist_ids
 
 
 def _prompts(prompts, vocab: int) -> list[list[int]]:
@@ -45,6 +45,8 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
     prompts as one batch; self-speculation and the transformers peer decode them one after another (the
     result's ``meta["wall_s_rows"]`` holds each prompt's time).
 
+    ``DecodeConfig.hf_generate()`` runs transformers' own greedy ``generate`` instead (the peer of full depth).
+
     Options (early exit only): ``force`` (B, N) token ids fed back instead of the predictions (teacher
     forcing); ``return_logits`` keeps every step's logits; ``audit_weights`` measures the softmax mass on
     holes (slow); ``flush`` does lazy recompute's deferred work after the last step (not timed) so that the
@@ -60,7 +62,7 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     B, P, N = len(prompts), max(len(p) for p in prompts), max_new_tokens
-    extra = 0 if config.method == "early-exit" else (config.draft_len or 0) + 1
+    extra = 0 if config.method in ("early-exit", "hf-generate") else (config.draft_len or 0) + 1
     limit = A.context_limit
     if P + N + extra > limit:
         raise ValueError(f"prompt ({P} tokens) + max_new_tokens ({N})" + (" + draft_len + 1" if extra else "")
@@ -90,7 +92,8 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
     if unsupported:
         raise ValueError(f"{', '.join(unsupported)} apply to early-exit decoding only, not to {config.method}")
     draft_kw = config.args
-    check_draft(L, config.exit_layer, config.draft_len, tuple(draft_kw.get("skip", ())))
+    if config.method != "hf-generate":
+        check_draft(L, config.exit_layer, config.draft_len, tuple(draft_kw.get("skip", ())))
     short = shortlist_ids(lm, A, draft_kw["shortlist"]) if draft_kw.get("shortlist") else None
     tokens = torch.full((B, N), pad_id, dtype=torch.long)
     counts = {c: torch.zeros(B, N) for c in COUNTERS}
@@ -120,6 +123,9 @@ def decode(lm, prompts, config: DecodeConfig, max_new_tokens: int, *, stop_at_eo
                                                   skip=tuple(draft_kw.get("skip", ())), shortlist=short,
                                                   eos_id=sorted(eos_set) or None)
             counts["drafted"][b, 0], counts["accepted"][b, 0] = dr, ac
+            state = None
+        elif config.method == "hf-generate":
+            toks, wall = hf_generate(A.model, p, N, stop_at_eos=stop_at_eos)
             state = None
         else:
             toks, wall = hf_assistant_early_exit(A.model, p, N, config.exit_layer, config.draft_len,

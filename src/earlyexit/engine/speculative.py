@@ -176,22 +176,29 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
     return sp
 
 
-def hf_assistant_early_exit(model, prompt: list[int], max_new_tokens: int, exit_layer: int, draft_len: int,
-                            *, stop_at_eos: bool = True) -> tuple[list[int], float]:
-    """The peer: transformers' own self-speculation, ``generate(assistant_early_exit=E)``, with a
-    constant draft length and its confidence cut-off disabled. Returns (tokens, wall seconds)."""
+def hf_generate(model, prompt: list[int], max_new_tokens: int, *, stop_at_eos: bool = True,
+                **generate_kw) -> tuple[list[int], float]:
+    """transformers' own greedy ``generate`` on one prompt (with ``generate_kw`` passed through), timed.
+    Without extra arguments it is the peer of this engine's full depth. Returns (tokens, wall seconds)."""
     dev = next(model.parameters()).device
     x = torch.tensor([prompt], device=dev)
     kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
-              assistant_early_exit=exit_layer, num_assistant_tokens=draft_len,
-              num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-              pad_token_id=model.config.pad_token_id)
+              pad_token_id=model.config.pad_token_id, **generate_kw)
     if not stop_at_eos:
         kw["eos_token_id"] = None
     t0 = now(dev)
     with torch.inference_mode():
         out = model.generate(x, **kw)
     return out[0, len(prompt):].tolist(), now(dev) - t0
+
+
+def hf_assistant_early_exit(model, prompt: list[int], max_new_tokens: int, exit_layer: int, draft_len: int,
+                            *, stop_at_eos: bool = True) -> tuple[list[int], float]:
+    """The peer: transformers' own self-speculation, ``generate(assistant_early_exit=E)``, with a
+    constant draft length and its confidence cut-off disabled. Returns (tokens, wall seconds)."""
+    return hf_generate(model, prompt, max_new_tokens, stop_at_eos=stop_at_eos, assistant_early_exit=exit_layer,
+                       num_assistant_tokens=draft_len, num_assistant_tokens_schedule="constant",
+                       assistant_confidence_threshold=0.0)
 
 
 @torch.inference_mode()
