@@ -13,13 +13,13 @@ The decoding loop, copy-forward, self-speculation and the training code all read
 
 Packed weights (CPU inference). Decoding multiplies a few rows (one token, a verification chunk, a
 recompute batch) by each weight matrix, so its speed is the speed at which those matrices stream from memory.
-On the reference CPU, torch's ``linear`` (MKL) streams them at 16-25 GB/s for one row and packs the matrix
-again on every call for two or more rows, so that 2 rows cost about twice 1 row and the LM head over 4 rows
-2.7 times; a sum over the same bytes reads 39 GB/s. The same products through oneDNN over weights reordered
-once into its blocked layout (what inductor's frozen CPU graphs call) stream at 30-38 GB/s, and 2-4 rows cost
-1.0-1.15 times 1 row (measured with ``benchmarks/bench_engine.py --kernels``). :meth:`Adapter.for_inference`
-(called by the decoding front door and the cost model) builds those copies once per model and weight version
-(:class:`Packed`), and every product without gradients uses them. They change only float rounding (tested
+On the reference CPU (an AMD EPYC, one thread), torch's ``linear`` (MKL) streams them at 17-20 GB/s for one
+row and packs the matrix again on every call for two or more, so that 2 rows cost 1.35-2.0 times 1 row and the
+LM head over 3 rows 3 times; a sum over the same bytes reads about 30-40 GB/s. The same products through oneDNN
+over weights reordered once into its blocked layout (what inductor's frozen CPU graphs call) stream at 33-42 GB/s
+for one row, and 2-4 rows cost 1.08-1.39 times 1 row (``benchmarks/bench_engine.py --kernels``, side by side).
+:meth:`Adapter.for_inference` (called by the decoding front door and the cost model) builds those copies once
+per model and weight version (:class:`Packed`), and every product without gradients uses them. They change only float rounding (tested
 against Hugging Face and against the module layout); training (gradients on) never uses them.
 """
 from __future__ import annotations
