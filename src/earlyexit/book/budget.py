@@ -21,6 +21,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..engine.speculative import check_draft
 from . import costmodel
 
 
@@ -34,8 +35,7 @@ def round_calls(L: int, E: int, d: int, shortlist: bool = False, skip=()) -> dic
     top = L if skip else L - 1
     if not (isinstance(E, int) and 1 <= E <= top) or not (isinstance(d, int) and d >= 1):
         raise ValueError(f"need 1 <= E < L = {L} (E = L with skipped layers) and d >= 1, got E={E!r}, d={d!r}")
-    if any(not 1 <= n < E for n in skip):
-        raise ValueError(f"skipped layers must lie in [1, {E - 1}], got {sorted(skip)}")
+    check_draft(L, E, d, tuple(skip))          # the engine's own rule for the layers a draft leaves out
     s0 = min([n - 1 for n in skip] + [E])
     return {"layer:1": d * (E - len(set(skip))) + s0, f"layer:{d + 1}": L - s0,
             f"head:{'draft_short' if shortlist else 'draft'}:1": d, f"head:verify:{d + 1}": 1, "steps": 1}

@@ -257,8 +257,7 @@ class Packed:
 
     def qkv_proj(self, l: int, x: torch.Tensor, with_q: bool = True) -> torch.Tensor:
         """``x`` through W_Q|W_K|W_V (or W_K|W_V alone without ``with_q``), before any reshaping."""
-        return _LINEAR(x, self.qkv[l], self.qkv_b[l], "none", [], "") if with_q else \
-            _LINEAR(x, self.kv[l], self.kv_b[l], "none", [], "")
+        return _linear(x, self.qkv[l], self.qkv_b[l]) if with_q else _linear(x, self.kv[l], self.kv_b[l])
 
     def qkv(self, l: int, x: torch.Tensor, with_q: bool = True):
         """Layer ``l``'s K, V and (``with_q``) Q projections of the normed ``x``, before any reshaping."""
@@ -288,21 +287,26 @@ class Packed:
     def mlp_residual(self, l: int, x: torch.Tensor, h: torch.Tensor, module) -> torch.Tensor:
         """``h + W_down(act(W_gate x) * W_up x)``: layer ``l``'s MLP on the normed ``x`` and the residual."""
         if self.silu[l]:
-            g = _LINEAR(x, self.gate[l], self.gate_b[l], "swish", [], "")
+            g = _linear(x, self.gate[l], self.gate_b[l], "swish")
         else:
-            g = module.act_fn(_LINEAR(x, self.gate[l], self.gate_b[l], "none", [], ""))
+            g = module.act_fn(_linear(x, self.gate[l], self.gate_b[l]))
         m = _LINEAR.binary(x, g, self.up[l], self.up_b[l], "mul")
         return _LINEAR.binary(m, h, self.down[l], self.down_b[l], "add")
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        return _LINEAR(x, self.head_w, self.head_b, "none", [], "")
+        return _linear(x, self.head_w, self.head_b)
 
 
 def blocked_linear(W: torch.Tensor, b: torch.Tensor | None = None):
     """``f(x) = x W^T + b`` with ``W`` reordered once for oneDNN (a shortlist head's rows, say)."""
     Wb = _blocked(W)
     b = None if b is None else b.detach()
-    return lambda x: _LINEAR(x.contiguous(), Wb, b, "none", [], "")
+    return lambda x: _linear(x.contiguous(), Wb, b)
 
 
 _LINEAR = torch.ops.mkldnn._linear_pointwise if onednn_available() else None
+
+
+def _linear(x: torch.Tensor, Wb: torch.Tensor, b: torch.Tensor | None, post: str = "none") -> torch.Tensor:
+    """``post(x Wb^T + b)`` for a weight reordered by :func:`_blocked`; ``post``: oneDNN's unary post-op."""
+    return _LINEAR(x, Wb, b, post, [], "")
