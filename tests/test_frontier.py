@@ -21,7 +21,8 @@ def _sig(L, ml, p, keep, clf=None):
     T = len(p)
     for t in range(T):
         for j, n in enumerate(range(ml, L)):
-            rows.append({"prompt": 0, "t": t, "layer": n, "p": p[t][j], "clf": (clf or p)[t][j], "keep": keep[t][j]})
+            rows.append({"prompt": 0, "t": t, "layer": n, "p": p[t][j], "clf": (clf or p)[t][j], "sat": p[t][j],
+                         "keep": keep[t][j]})
     return pd.DataFrame(rows)
 
 
@@ -42,6 +43,8 @@ def test_replay_by_hand():
     assert "check:classifier:1" not in c
     rc = frontier.replay(_sig(L, ml, p, keep), L, "classifier", 0.9)
     assert rc["calls"]["check:classifier:1"] == 6 and rc["calls"]["head:out:1"] == 4
+    rs = frontier.replay(_sig(L, ml, p, keep), L, "saturation", 0.9)
+    assert rs["exits"] == r["exits"] and rs["calls"]["check:saturation:1"] == 6 and "head:decide:1" not in rs["calls"]
     with pytest.raises(ValueError, match="softmax"):
         frontier.replay(_sig(L, ml, p, keep), L, "margin", 0.9)
 
@@ -83,7 +86,7 @@ def test_replay_matches_the_engine_with_an_exact_cache(lm, es, rule, counts_dir,
     folder = C.ensure(lm, CFG, root=tmp_path_factory.mktemp("clf"))
     sig = frontier.signals(lm, es, N, str(folder), ml)
     assert sorted(sig["layer"].unique()) == list(range(ml, L))
-    thr, gap = _threshold_between(sig[{"softmax": "p", "classifier": "clf"}[rule]], 0.3, 0.9)
+    thr, gap = _threshold_between(sig[frontier.COLUMN[rule]], 0.3, 0.9)
     assert gap > 1e-5
     r = frontier.replay(sig, L, rule, thr)
     args = {"classifier": str(folder)} if rule == "classifier" else {}

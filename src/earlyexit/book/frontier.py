@@ -5,8 +5,9 @@ With an exact cache (lazy recompute) every token up to a method's first wrong ex
 values of full depth, so until then its hidden states, its exit signals and its exits are those of full depth's
 own continuation. One pass of the full model per prompt therefore replays a rule at any threshold without
 decoding again: :func:`signals` records, per generated token and per layer a rule may exit at, the top-1
-probability of the exit's head (the softmax rule), the exit classifier's probability (the classifier rule) and
-whether the exit keeps the full model's token; :func:`replay` runs a rule over them and returns
+probability of the exit's head (the softmax rule), the exit classifier's probability (the classifier rule), the
+cosine between the hidden states after and before the layer (state saturation) and whether the exit keeps the
+full model's token; :func:`replay` runs a rule over them and returns
 
 * the exits up to and including the first wrong one, and so the share of the output that is identical to full
   depth before it first differs (``prefix``): exact, and a lower bound of ROUGE-L consistency, since the
@@ -29,17 +30,20 @@ import torch
 from . import costmodel, store
 from .costs import simulate_calls
 
-RULES = ("softmax", "classifier")
+RULES = ("softmax", "classifier", "saturation")
 # The thresholds each rule is replayed at: dense near 1, where the consistent exits are.
 GRID = {"softmax": (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9995, 0.9999),
-        "classifier": (0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)}
+        "classifier": (0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999),
+        "saturation": (0.9, 0.95, 0.97, 0.98, 0.985, 0.99, 0.9925, 0.995, 0.9975, 0.999, 0.9999)}
+COLUMN = {"softmax": "p", "classifier": "clf", "saturation": "sat"}   # each rule's signal in :func:`signals`
 
 
 @torch.inference_mode()
 def signals(lm, es, n_new: int, classifier: str, min_layer: int) -> pd.DataFrame:
     """Per prompt of ``es``, generated token ``t`` (0 is the prompt pass's, always at full depth) and layer
     ``n`` a rule may exit after (``min_layer`` .. L − 1): ``p`` the top-1 probability of head(norm(h_n)),
-    ``clf`` the exit classifier's probability (``classifier``: its folder, as the classifier rule takes it) and
+    ``clf`` the exit classifier's probability (``classifier``: its folder, as the classifier rule takes it),
+    ``sat`` the cosine of the hidden states after and before layer ``n`` (the saturation rule's signal) and
     ``keep`` whether that exit predicts the full model's token. Along the full model's greedy continuation of
     ``n_new`` tokens. Cached."""
     from ..engine import DecodeConfig, decode
@@ -62,7 +66,8 @@ def signals(lm, es, n_new: int, classifier: str, min_layer: int) -> pd.DataFrame
         for b, ids in enumerate(es.ids):
             gen = full.sequences()[b]
             seq = torch.tensor([list(ids) + gen[:-1]], device=A.device)
-            hs = forward_layers(A.model, seq, collect=range(min_layer - 1, L))
+            hs = forward_layers(A.model, seq, collect=range(max(min_layer - 2, 0), L))
+            hs[-1] = A.embed(seq)                      # the state before layer 1
             sl = slice(len(ids) - 1, len(ids) - 1 + len(gen))
             target = A.logits(hs[L - 1][0, sl]).argmax(-1)
             for n in range(min_layer, L):
@@ -70,10 +75,11 @@ def signals(lm, es, n_new: int, classifier: str, min_layer: int) -> pd.DataFrame
                 lg = A.head(normed).float()
                 p = lg.softmax(-1).max(-1).values
                 c = torch.sigmoid(clf(normed, torch.full((len(gen),), n, device=A.device)).float())
+                sat = torch.nn.functional.cosine_similarity(hs[n - 1][0, sl].float(), hs[n - 2][0, sl].float(), dim=-1)
                 keep = lg.argmax(-1) == target
                 for t in range(len(gen)):
                     rows.append({"prompt": b, "t": t, "layer": n, "p": float(p[t]), "clf": float(c[t]),
-                                 "keep": int(keep[t])})
+                                 "sat": float(sat[t]), "keep": int(keep[t])})
         return rows
 
     params = {"prompts": es.spec, "n_new": n_new, "classifier": folder.name, "min_layer": min_layer}
@@ -89,7 +95,7 @@ def replay(sig: pd.DataFrame, L: int, rule: str, threshold: float) -> dict:
     layers, lazy recompute, heads and decisions, as the engine counts them)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    col = {"softmax": "p", "classifier": "clf"}[rule]
+    col = COLUMN[rule]
     exits, first, wrong, steps, checks = [], [], 0, 0, Counter()
     extra = Counter()
     for _, g in sig.groupby("prompt", sort=True):
@@ -107,8 +113,8 @@ def replay(sig: pd.DataFrame, L: int, rule: str, threshold: float) -> dict:
                 extra["head:decide:1"] += int(ncheck)
                 if len(hit):
                     extra["head:out:1"] -= 1            # the deciding head's logits are the output
-            else:
-                extra["check:classifier:1"] += int(ncheck)
+            else:                                       # decided without the head
+                extra[f"check:{rule}:1"] += int(ncheck)
             if len(hit) and not keep[t, hit[0]]:
                 wrong += 1
                 fe = min(fe, t)
