@@ -67,7 +67,8 @@ def signals(lm, es, n_new: int, classifier: str, min_layer: int) -> pd.DataFrame
             gen = full.sequences()[b]
             seq = torch.tensor([list(ids) + gen[:-1]], device=A.device)
             hs = forward_layers(A.model, seq, collect=range(max(min_layer - 2, 0), L))
-            hs[-1] = A.embed(seq)                      # the state before layer 1
+            if min_layer == 1:
+                hs[-1] = A.embed(seq)                  # the state before layer 1, for saturation there
             sl = slice(len(ids) - 1, len(ids) - 1 + len(gen))
             target = A.logits(hs[L - 1][0, sl]).argmax(-1)
             for n in range(min_layer, L):
@@ -96,7 +97,7 @@ def replay(sig: pd.DataFrame, L: int, rule: str, threshold: float) -> dict:
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     col = COLUMN[rule]
-    exits, first, wrong, steps, checks = [], [], 0, 0, Counter()
+    exits, first, wrong, steps = [], [], 0, 0
     extra = Counter()
     for _, g in sig.groupby("prompt", sort=True):
         T = int(g["t"].max()) + 1
