@@ -35,7 +35,7 @@ from ..engine.cache import COMPUTED
 from ..engine.classifier import ExitClassifier
 from ..engine.fill import NaiveMask
 from ..engine.loop import Engine
-from ..engine.rules import FullDepth
+from ..engine.rules import FullDepth, StepView, make_rule
 from . import store
 
 PARTS = ("own layers", "recompute", "copies", "deciding", "output head", "overhead")
@@ -94,6 +94,10 @@ def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 
 
         reps = repeats if k <= 64 else max(2, repeats // 4)
         rows.append({"unit": "layer", "size": k, "seconds": _t(all_layers, reps) / L})
+    # the decisions are timed through the rules themselves; the classifier is untrained (its cost is its shape's)
+    softmax, saturation = make_rule("softmax", L), make_rule("saturation", L)
+    classifier = make_rule("classifier", L, classifier="untrained")
+    classifier.attach(ExitClassifier(D, L, classifier_hidden).to(A.device, A.dtype).eval(), A.norm)
     K = min(shortlist, A.head.weight.shape[0])
     head_short = A.sub_head(torch.arange(K, device=A.device))
     for r in HEAD_ROWS:
@@ -101,14 +105,9 @@ def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 
         rows.append({"unit": "head", "size": r, "seconds": _t(lambda h=h: A.logits(h), repeats)})
         rows.append({"unit": "head_short", "size": r,
                      "seconds": _t(lambda h=h: head_short(h), repeats)})
-        lg = A.logits(h)
-        rows.append({"unit": "decide", "size": r, "seconds": _t(
-            lambda lg=lg: torch.softmax(lg.float(), dim=-1).max(dim=-1), repeats)})
-        clf = ExitClassifier(D, L, classifier_hidden).to(A.device, A.dtype).eval()
-        rows.append({"unit": "check_classifier", "size": r, "seconds": _t(
-            lambda h=h: torch.sigmoid(clf(A.norm(h), L // 2).float()) >= 0.5, repeats)})
-        rows.append({"unit": "check_saturation", "size": r, "seconds": _t(
-            lambda h=h: torch.nn.functional.cosine_similarity(h.float(), h.float().flip(0), dim=-1) >= 0.9, repeats)})
+        view = StepView(n=L // 2, t=0, n_new=1, h=h, h_prev=h.flip(0), logits=A.logits(h))
+        for unit, rule in (("decide", softmax), ("check_classifier", classifier), ("check_saturation", saturation)):
+            rows.append({"unit": unit, "size": r, "seconds": _t(lambda rule=rule: rule.decide(view), repeats)})
         c, s = A.rope(h[:, None], torch.zeros(r, 1, dtype=torch.long, device=A.device))
         rows.append({"unit": "kv", "size": r, "seconds": _t(
             lambda h=h, c=c, s=s: A.qkv(L - 1, h[:, None], c, s, with_q=False), repeats)})

@@ -48,17 +48,17 @@ def signals(lm, es, n_new: int, classifier: str, min_layer: int) -> pd.DataFrame
     ``n_new`` tokens. Cached."""
     from ..engine import DecodeConfig, decode
     from ..engine.adapter import adapter
-    from ..engine.classifier import load_classifier
-    from ..engine.rules import make_rule
+    from ..engine.rules import StepView, make_rule
     from ..training.forward import forward_layers
 
     A = adapter(lm)
     L = A.L
     if not 1 <= min_layer < L:
         raise ValueError(f"min_layer must be in [1, {L - 1}] for a {L}-layer model, got {min_layer}")
-    folder = make_rule("classifier", L, classifier=classifier).folder()
-    clf, _ = load_classifier(folder, hidden_size=A.config.hidden_size, num_layers=L, weights_sha256=A.weights_id)
-    clf = clf.to(device=A.device, dtype=A.dtype)
+    rules = {r: make_rule(r, L, **({"classifier": classifier} if r == "classifier" else {})) for r in RULES}
+    for r in rules.values():
+        r.bind(A)                                  # the classifier refuses a folder trained for another model here
+    folder = rules["classifier"].folder()
 
     def compute():
         full = decode(lm, es.ids, DecodeConfig.full(), n_new, stop_at_eos=False)
@@ -72,15 +72,13 @@ def signals(lm, es, n_new: int, classifier: str, min_layer: int) -> pd.DataFrame
             sl = slice(len(ids) - 1, len(ids) - 1 + len(gen))
             target = A.logits(hs[L - 1][0, sl]).argmax(-1)
             for n in range(min_layer, L):
-                normed = A.norm(hs[n - 1][0, sl])
-                lg = A.head(normed).float()
-                p = lg.softmax(-1).max(-1).values
-                c = torch.sigmoid(clf(normed, torch.full((len(gen),), n, device=A.device)).float())
-                sat = torch.nn.functional.cosine_similarity(hs[n - 1][0, sl].float(), hs[n - 2][0, sl].float(), dim=-1)
+                lg = A.head(A.norm(hs[n - 1][0, sl]))
+                s = StepView(n=n, t=0, n_new=n_new, h=hs[n - 1][0, sl], h_prev=hs[n - 2][0, sl], logits=lg)
+                score = {COLUMN[r]: rule.score(s) for r, rule in rules.items()}   # the engine's own signals
                 keep = lg.argmax(-1) == target
                 for t in range(len(gen)):
-                    rows.append({"prompt": b, "t": t, "layer": n, "p": float(p[t]), "clf": float(c[t]),
-                                 "sat": float(sat[t]), "keep": int(keep[t])})
+                    rows.append({"prompt": b, "t": t, "layer": n, **{c: float(v[t]) for c, v in score.items()},
+                                 "keep": int(keep[t])})
         return rows
 
     params = {"prompts": es.spec, "n_new": n_new, "classifier": folder.name, "min_layer": min_layer}

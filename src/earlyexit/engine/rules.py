@@ -8,7 +8,8 @@ Every rule answers the decoding loop through the same three methods:
   full model);
 * ``decide(s)``: given a :class:`StepView` ``s`` (the hidden states, the previous layer's, and, if
   ``rule.needs_logits``, the shared head's logits read through the final norm), a boolean per row:
-  exit here or go on.
+  exit here or go on. A thresholded rule decides ``score(s) >= λ_t``; its ``score`` is the signal that the
+  book's frontier (:mod:`earlyexit.book.frontier`) and cost model read, so all three use one formula.
 
 A rule that needs hindsight (``hindsight = True``: the oracle, which compares each layer's prediction with
 the full stack's) is asked after the whole plan ran, once per checked layer from the bottom, with the full
@@ -134,6 +135,13 @@ class _Thresholded(ExitRule):
             return float(self.threshold)
         return float(self.threshold) * (0.9 + 0.1 * math.exp(-self.decay_tau * t / max(n_new, 1)))
 
+    def score(self, s: StepView) -> torch.Tensor:
+        """(b,) float: the rule's signal, compared with λ_t (the frontier replays it at other thresholds)."""
+        raise NotImplementedError(f"exit rule {self.name!r} has no score")
+
+    def decide(self, s):
+        return self.score(s) >= self.lam(s.t, s.n_new)
+
 
 @dataclass
 class SoftmaxConfidence(_Thresholded):
@@ -143,9 +151,8 @@ class SoftmaxConfidence(_Thresholded):
         super().__post_init__()
         self.name, self.needs_logits = "softmax", True
 
-    def decide(self, s):
-        p = F.softmax(s.logits.float(), dim=-1)
-        return p.max(dim=-1).values >= self.lam(s.t, s.n_new)
+    def score(self, s):
+        return F.softmax(s.logits.float(), dim=-1).max(dim=-1).values
 
 
 @dataclass
@@ -156,9 +163,9 @@ class Margin(_Thresholded):
         super().__post_init__()
         self.name, self.needs_logits = "margin", True
 
-    def decide(self, s):
+    def score(self, s):
         top2 = F.softmax(s.logits.float(), dim=-1).topk(2, dim=-1).values
-        return (top2[:, 0] - top2[:, 1]) >= self.lam(s.t, s.n_new)
+        return top2[:, 0] - top2[:, 1]
 
 
 @dataclass
@@ -169,8 +176,8 @@ class Saturation(_Thresholded):
         super().__post_init__()
         self.name = "saturation"
 
-    def decide(self, s):
-        return F.cosine_similarity(s.h.float(), s.h_prev.float(), dim=-1) >= self.lam(s.t, s.n_new)
+    def score(self, s):
+        return F.cosine_similarity(s.h.float(), s.h_prev.float(), dim=-1)
 
 
 @dataclass
@@ -202,13 +209,16 @@ class Classifier(_Thresholded):
 
         clf, _ = load_classifier(self.folder(), hidden_size=A.config.hidden_size, num_layers=A.L,
                                  weights_sha256=A.weights_id)
-        self._clf, self._norm = clf.to(device=A.device, dtype=A.dtype), A.norm
+        self.attach(clf.to(device=A.device, dtype=A.dtype), A.norm)
 
-    def decide(self, s):
+    def attach(self, clf, norm) -> None:
+        """Decide with ``clf`` on ``norm(h)`` (what :meth:`bind` does with the folder's classifier)."""
+        self._clf, self._norm = clf, norm
+
+    def score(self, s):
         if self._clf is None:
             raise RuntimeError("the classifier rule was not bound to a model (decode() does this)")
-        score = self._clf(self._norm(s.h), s.n)
-        return torch.sigmoid(score.float()) >= self.lam(s.t, s.n_new)
+        return torch.sigmoid(self._clf(self._norm(s.h), s.n).float())
 
 
 @dataclass
