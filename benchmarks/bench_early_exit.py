@@ -18,7 +18,8 @@ import statistics
 
 import torch
 
-from earlyexit.book import classify, metrics, points, prompts, runner, trained
+from earlyexit.experiments import classify, metrics, points, evalset, trained
+from earlyexit.book import handoff, runner
 from earlyexit.engine import DecodeConfig, decode
 from earlyexit.engine.models import load_model
 
@@ -35,8 +36,8 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     P = runner.load_profile(a.profile).parameters("09_where_time_goes")
-    lm = trained.load_trained(P, "layerskip") if a.model == "trained" else load_model(P["model"], device=P["device"])
-    es = prompts.eval_set(lm, P["prompt_kind"], a.prompts, P["seed"] + 7, P["max_prompt_tokens"])
+    lm = handoff.load_trained(P, "layerskip") if a.model == "trained" else load_model(P["model"], device=P["device"])
+    es = evalset.eval_set(lm, P["prompt_kind"], a.prompts, P["seed"] + 7, P["max_prompt_tokens"])
     folder = classify.classifier_for(lm, P)
     ml = points.default_min_layer(P["min_layer"], lm.num_layers)
     EE = DecodeConfig.early_exit

@@ -22,7 +22,8 @@ import statistics
 
 import torch
 
-from earlyexit.book import probes, prompts, runner, trained
+from earlyexit.experiments import probes, evalset, trained
+from earlyexit.book import handoff, runner
 from earlyexit.engine import DecodeConfig, decode
 
 
@@ -43,12 +44,12 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     P = runner.load_profile(a.profile).parameters("07_self_speculative")
-    lm = trained.load_trained(P, "layerskip")
+    lm = handoff.load_trained(P, "layerskip")
     L = lm.num_layers
     E = a.exit_layer or sorted(P["exit_layers"])[len(P["exit_layers"]) // 2]
     if not 1 <= E < L:
         raise SystemExit(f"error: --exit-layer must be in [1, {L - 1}] for this model, got {E}")
-    es = prompts.eval_set(lm, P["prompt_kind"], a.prompts, P["seed"] + 11, P["max_prompt_tokens"])
+    es = evalset.eval_set(lm, P["prompt_kind"], a.prompts, P["seed"] + 11, P["max_prompt_tokens"])
     d, N = a.draft, a.tokens
     SS = DecodeConfig.self_speculation
     methods = {f"self-spec E={E} d={d}": SS(E, d),

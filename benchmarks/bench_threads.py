@@ -18,7 +18,8 @@ from contention import CONDITIONS, condition
 from earlyexit.book import runner
 from earlyexit.corpus import encode, load_prompts
 from earlyexit.engine import DecodeConfig, decode
-from earlyexit.engine.models import load_model, resolve_threads
+from earlyexit.engine.models import load_model
+from earlyexit.engine.threads import resolve_threads
 from earlyexit.training.checkpoints import Batches
 from earlyexit.training.loop import train
 from earlyexit.training.recipe import TrainConfig

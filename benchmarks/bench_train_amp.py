@@ -26,7 +26,8 @@ import torch
 
 from earlyexit.alloc import retain_freed_memory
 from earlyexit.corpus import token_stream
-from earlyexit.engine.models import load_model, resolve_threads
+from earlyexit.engine.models import load_model
+from earlyexit.engine.threads import resolve_threads
 from earlyexit.training.forward import early_exit_loss
 from earlyexit.training.recipe import curriculum_layers, exit_loss_weights, layer_dropout_rates
 

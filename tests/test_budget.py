@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from earlyexit.book import budget, costmodel
+from earlyexit.experiments import budget, costmodel
 from earlyexit.engine import DecodeConfig, decode
 from earlyexit.engine.models import load_model
 from test_costmodel import units_by_hand
@@ -124,3 +124,10 @@ def test_extrapolation_table_reads_the_fit_per_recipe_and_exit():
     assert x.loc[("up", 1.0), "tokens_needed"] == pytest.approx(math.exp((math.log(0.6 / 0.4) + 5) / 0.5))
     assert x.loc[("up", 1.0), "tokens_now"] == 4000
     assert math.isnan(x.loc[("up", 1.5), "tokens_needed"]) and math.isnan(x.loc[("flat", 1.0), "tokens_needed"])
+
+
+def test_a_line_that_barely_rises_reaches_its_target_never_in_floats():
+    """A fit so flat that the tokens it needs overflow a float says infinity, not an OverflowError (seen on the
+    real model at the smoke profile's sizes)."""
+    assert math.isinf(budget.tokens_for({"a": -5.0, "b": 1e-4}, 0.9))
+    assert budget.tokens_for({"a": 0.0, "b": 1.0}, 0.5) == pytest.approx(1.0)

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from earlyexit import paths
-from earlyexit.book import bundle, figures, provenance
+from earlyexit.book import bundle
+from helpers import figure_repo
 
 ROOT = paths.REPO_ROOT
 
@@ -31,22 +32,7 @@ def test_citation_cff_follows_the_package_version():
 @pytest.fixture
 def repo(tmp_path):
     """A repository root with pyproject, CITATION.cff, _config.yml and two real figures."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "earlyexit"\nversion = "1.2.3"\n')
-    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
-    cff.update({"version": "1.2.3", "date-released": "2026-01-15"})
-    (tmp_path / "CITATION.cff").write_text(yaml.safe_dump(cff, sort_keys=False))
-    (tmp_path / "_config.yml").write_text("title: x\n")
-    figs = tmp_path / "figures"
-    figs.mkdir()
-    for name, nb in (("02_scene", "02_naive_collapse"), ("08_pareto", "08_comparison")):
-        fig, ax = figures.subplots()
-        ax.plot([0, 1], [1, 0])
-        prov = {**provenance.collect({"profile": "smoke"}, notebook=nb), "git_commit": "a" * 40, "git_dirty": False}
-        figures.save_figure(fig, name, prov, directory=figs)
-    return tmp_path
+    return figure_repo(tmp_path)
 
 
 def test_bundle_holds_every_figure_in_three_formats_with_sidecars_citation_and_bibtex(repo):
@@ -108,3 +94,23 @@ def test_the_command_writes_the_bundle_and_lists_it(repo, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "earlyexit", "figures-bundle", "--figures", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "no figures folder" in bad.stderr
+
+
+def test_the_published_measurements_travel_with_the_figures(repo, tmp_path):
+    """The dataset chapter 10 compares with is in the zip, with its README, and on the site."""
+    import shutil
+    import zipfile
+
+    from earlyexit.book import bundle, sphinxext
+
+    shutil.copytree(ROOT / "data" / "published", repo / "data" / "published")
+    files = bundle.published_data(repo)
+    assert [f.name for f in files] == ["README.md", "self_speculation.csv"]
+    out, names = bundle.write_bundle(tmp_path / "b.zip", repo / "figures", repo)
+    assert any(n.endswith("data/self_speculation.csv") for n in names)
+    with zipfile.ZipFile(out) as z:
+        csv = [n for n in z.namelist() if n.endswith("self_speculation.csv")][0]
+        assert z.read(csv) == (ROOT / "data" / "published" / "self_speculation.csv").read_bytes()
+    site = tmp_path / "site"
+    written = sphinxext.publish_site(site, repo / "figures", repo)
+    assert (site / "figures" / "self_speculation.csv").exists() and site / "figures" / "README.md" in written

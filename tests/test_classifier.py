@@ -104,8 +104,8 @@ def test_decisions_table_prices_the_three_rules_under_each_cache(lm, trained, tm
     """Chapters 2-4's table: softmax reads the head at every layer it may exit at, saturation and the classifier
     once per token; each row with its 95% interval, and a missing row is refused by name."""
     from earlyexit import paths
-    from earlyexit.book import decisions
-    from earlyexit.book.prompts import eval_set
+    from earlyexit.experiments import decisions
+    from earlyexit.experiments.evalset import eval_set
 
     monkeypatch.setattr(paths, "CACHE", tmp_path / "cache")
     _, folder = trained
@@ -134,7 +134,7 @@ def test_a_classifier_another_process_is_training_is_waited_for_not_trained_agai
     import threading
     import time
 
-    from earlyexit import claims
+    from earlyexit.store import claims
     import earlyexit.training.classifier as mod
 
     root, folder = trained

@@ -17,7 +17,7 @@ def test_now_waits_for_cuda_kernels_and_not_for_the_cpu(monkeypatch):
 def test_the_engine_and_the_trainer_read_the_clock_through_it():
     import inspect
 
-    from earlyexit.book import costmodel
+    from earlyexit.experiments import costmodel
     from earlyexit.engine import loop, speculative
     from earlyexit.training import loop as tloop
 

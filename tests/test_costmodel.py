@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 import torch
 
-from earlyexit.book import costmodel, costs
+from earlyexit.experiments import costmodel, costs
 from earlyexit.engine import DecodeConfig, decode
 from earlyexit.engine.models import load_model
 

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from earlyexit import paths
-from earlyexit.book import store, sweep, workers
+from earlyexit.store import results as store, workers
+from earlyexit.book import sweep
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "EARLYEXIT_PROGRESS": "0", "PYTHONUNBUFFERED": "1"}
@@ -24,7 +25,7 @@ for k in ("EARLYEXIT_RANK", "EARLYEXIT_WORLD", "RANK", "WORLD_SIZE", "LOCAL_RANK
 SHARD = textwrap.dedent("""
     import sys, time
     import numpy as np, pandas as pd
-    from earlyexit.book import store
+    from earlyexit.store import results as store
 
     def point(i, seed):
         print(f"computing {i}", flush=True)

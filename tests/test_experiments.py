@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from earlyexit.book import costs, drift, plots, points, probes, prompts, timing
+from earlyexit.experiments import costs, drift, points, probes, evalset, timing
+from earlyexit.book import plots
 from earlyexit import paths
 from earlyexit.engine.cache import COMPUTED, HOLE
 from earlyexit.engine import DecodeConfig
@@ -30,7 +31,7 @@ def lm():
 
 @pytest.fixture(scope="module")
 def es(lm):
-    return prompts.eval_set(lm, "mix", 4, 0, 64)
+    return evalset.eval_set(lm, "mix", 4, 0, 64)
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +42,7 @@ def cache_dir(tmp_path_factory, monkeypatch):
 
 
 def test_eval_set_is_deterministic_and_has_references(lm, es):
-    again = prompts.eval_set(lm, "mix", 4, 0, 64)
+    again = evalset.eval_set(lm, "mix", 4, 0, 64)
     assert again.ids == es.ids and again.spec == es.spec
     kinds = [p.kind for p in es.prompts]
     assert [r is None for r in es.refs] == [k == "instruction" for k in kinds]
@@ -181,7 +182,7 @@ def test_flop_breakdown_of_full_depth_and_head_cost_on_smollm2_shape(lm, es):
 
 
 def test_set_threads_and_labels():
-    from earlyexit.engine.models import set_threads
+    from earlyexit.engine.threads import set_threads
 
     n = torch.get_num_threads()
     assert set_threads(0) == n
@@ -194,7 +195,7 @@ def test_threads_auto_takes_the_cores_available_shares_them_and_is_recorded(monk
     import os
 
     from earlyexit.book.provenance import threads_record
-    from earlyexit.engine.models import available_cores, resolve_threads
+    from earlyexit.engine.threads import available_cores, resolve_threads
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.delenv("EARLYEXIT_WORLD", raising=False)
@@ -220,8 +221,8 @@ def test_threads_auto_leaves_out_the_cores_other_processes_keep_busy(monkeypatch
     import multiprocessing as mp
     import os
 
-    from earlyexit.engine import models
-    from earlyexit.engine.models import busy_cores, resolve_threads
+    from earlyexit.engine import threads as models
+    from earlyexit.engine.threads import busy_cores, resolve_threads
 
     cpus = sorted(os.sched_getaffinity(0))
     # /proc/stat as two readings 0.3 s apart: every CPU of the affinity one third busy in between, by others

@@ -11,12 +11,12 @@ import time
 import pandas as pd
 import pytest
 
-from earlyexit.book import store
+from earlyexit.store import results as store
 
 SWEEP_SCRIPT = textwrap.dedent("""
     import sys, time
     import numpy as np, pandas as pd
-    from earlyexit.book import store
+    from earlyexit.store import results as store
 
     def point(i, seed):
         print(f"computing {i}", flush=True)

@@ -103,8 +103,12 @@ def test_config_label_key_and_errors():
         DecodeConfig.early_exit("softmax", "copy")
     with pytest.raises(ValueError, match="draft_len"):
         DecodeConfig.self_speculation(3, 0)
-    with pytest.raises(ValueError, match="valid: early-exit"):
-        DecodeConfig(method="speculate")
+    with pytest.raises(TypeError, match=r"DecodeConfig.early_exit\(\.\.\.\), \.full\(\), \.self_speculation"):
+        DecodeConfig()
+    with pytest.raises(ValueError, match="unknown drafting option.*valid: shortlist, confidence, skip"):
+        DecodeConfig.self_speculation(3, 2, shortlst=8)
+    with pytest.raises(ValueError, match="hf-assistant takes no drafting options"):
+        DecodeConfig.hf_assistant(3, 2, shortlist=8)
 
 
 def test_decode_checks_before_compute():

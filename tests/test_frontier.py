@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 import torch
 
-from earlyexit.book import frontier
-from earlyexit.book.prompts import EvalSet
+from earlyexit.experiments import frontier
+from earlyexit.experiments.evalset import EvalSet
 from earlyexit.engine import DecodeConfig, decode
 from earlyexit.engine.models import load_model
 from earlyexit.training import classifier as C

@@ -1,4 +1,4 @@
-"""Tests of earlyexit.book.metrics on hand-made inputs."""
+"""Tests of earlyexit.experiments.metrics on hand-made inputs."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from earlyexit.book import metrics as M
+from earlyexit.experiments import metrics as M
 
 SMOLLM2 = SimpleNamespace(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
                           head_dim=64, num_hidden_layers=30, vocab_size=49152)

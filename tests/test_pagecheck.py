@@ -63,6 +63,88 @@ def test_raw_math_problems(text, raw):
     assert bool(pagecheck.raw_math_problems(text)) is raw
 
 
+# ---------------------------------------------------------------------------- tables and figures
+
+
+@pytest.mark.parametrize("text", [
+    "The copies are far from the keys (relative error nan for K, nan for V).",
+    "a consistency of NaN at 3.0 layers",
+    "speed nan× full depth",
+])
+def test_prose_nan_is_flagged(text):
+    found = pagecheck.prose_nan_problems(text)
+    assert found and "NaN in the prose" in found[0], found
+
+
+@pytest.mark.parametrize("text", [
+    "A nanosecond, Nancy's financial nanny, the nan_policy argument and Banana are ordinary words.",
+    "The relative error is 0.42 for K and 0.38 for V.",
+])
+def test_prose_nan_leaves_words_that_contain_it_alone(text):
+    assert pagecheck.prose_nan_problems(text) == []
+
+
+def _table(*cells, head="method | speed"):
+    return {"cells": list(cells), "head": head, "w": 300}
+
+
+@pytest.mark.parametrize("cells, bad", [
+    (("method", "speed", "lazy", "NaN"), "'NaN'"),
+    (("method", "speed", "lazy", "nan"), "'nan'"),
+    (("method", "speed", "lazy", "nan [nan, nan]"), "'nan [nan, nan]'"),
+    (("method", "speed", "lazy", "None"), "'None'"),
+    (("method", "speed", "lazy", "<NA>"), "'<NA>'"),
+    (("method", "speed", "lazy", "NaT"), "'NaT'"),
+])
+def test_a_missing_value_in_a_table_cell_is_flagged(cells, bad):
+    found = pagecheck.table_problems([_table(*cells)], 704)
+    assert len(found) == 1 and bad in found[0] and "(method | speed)" in found[0], found
+
+
+def test_readable_table_cells_pass():
+    cells = ("method", "speed (× full depth)", "lazy", "0.93 [0.90, 0.97]", "none reaches the target", "", "n/a",
+             "None of the drafts", "nano")
+    assert pagecheck.table_problems([_table(*cells)], 704) == []
+
+
+def test_a_table_wider_than_the_column_is_flagged_and_a_folded_one_passes():
+    tables = [{"w": 1210, "head": "layer | 1 | 2 | 3", "cells": []}, {"w": 704, "head": "fits", "cells": []},
+              {"w": 0, "head": "folded", "cells": []}]
+    found = pagecheck.table_problems(tables, 704)
+    assert found == ["a table wider than the page: 1210 px in a 704 px column (layer | 1 | 2 | 3)"]
+
+
+def test_a_coarse_raster_image_is_flagged_but_not_an_svg_or_a_sharp_one():
+    images = [{"src": "_images/a.png", "url": "http://h/_images/a.png", "w": 765, "content": True},
+              {"src": "_images/b.png", "url": "http://h/_images/b.png", "w": 1600, "content": True},
+              {"src": "_images/c.svg", "url": "http://h/_images/c.svg", "w": 326, "content": True},
+              {"src": "data:image/svg+xml;base64,AAA", "url": "data:image/svg+xml;base64,AAA", "w": 20, "content": True},
+              {"src": "_static/logo.png", "url": "http://h/_static/logo.png", "w": 120, "content": False},
+              {"src": "_images/gone.png", "url": "http://h/_images/gone.png", "w": 0, "content": True}]
+    found = pagecheck.image_size_problems(images)
+    assert found == ["image too coarse for the web: _images/a.png is 765 px wide (at least 1600 px, or an SVG)"]
+
+
+def test_the_book_shows_its_figures_as_svg_at_the_size_of_its_old_pngs(monkeypatch):
+    """What the image check asks of the book: chapter.setup makes every figure a page shows an SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from earlyexit.book import chapter, figures
+
+    fig, ax = figures.subplots()
+    ax.plot([0, 1], [0, 1])
+    svg = chapter.svg_figure(fig)
+    head = svg[svg.index("<svg"):svg.index(">", svg.index("<svg"))]
+    width = float(head.split('width="')[1].split("px")[0])
+    assert "<text" in svg or "<use" in svg
+    assert abs(width - fig.bbox_inches.width * fig.dpi) < 0.15 * fig.bbox_inches.width * fig.dpi   # tight bbox
+    import IPython
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)   # another test may have left a shell behind
+    assert chapter.inline_svg() is False          # outside a notebook kernel there is nothing to configure
+
+
 # ------------------------------------------------------------------------------------ link checks
 
 
@@ -109,8 +191,28 @@ def _page(body: str, head: str = "") -> str:
            f"<body><main><article>{body}</article></main></body></html>"
 
 
-GOOD = _page(MATH + '<img src="_images/fig.png" alt="a figure">'
+NUMBERS = "".join(f"<td>{0.123456789 * i:.9f}</td>" for i in range(40))
+WIDE_TABLE = f"<table><thead><tr>{''.join(f'<th>layer {i}</th>' for i in range(40))}</tr></thead>" \
+             f"<tbody><tr>{NUMBERS}</tr></tbody></table>"
+NARROW_TABLE = ("<table><thead><tr><th>method</th><th>speed (× full depth)</th><th>note</th></tr></thead><tbody>"
+                "<tr><td>lazy recompute</td><td>0.93 [0.90, 0.97]</td><td></td></tr>"
+                "<tr><td>static exit</td><td>n/a</td><td>never exits</td></tr></tbody></table>")
+
+
+def _output(html: str) -> str:
+    """``html`` as a notebook cell's output (a horizontally scrolling box, as myst-nb writes it)."""
+    return f"<div class='cell_output'><div class='output text_html' style='overflow-x:auto'>{html}</div></div>"
+
+
+def _cells_table(value: str) -> str:
+    return _output(f"<table><tr><th>method</th><th>speed</th></tr><tr><td>lazy</td><td>{value}</td></tr></table>")
+
+
+GOOD = _page(MATH + '<img src="_images/fig.png" alt="a figure"><img src="_images/fig.svg" alt="a vector figure">'
              '<p>See <a href="other.html#results">the results</a> and <a href="#top">the top</a>.</p>'
+             + _output(NARROW_TABLE)
+             + f"<details><summary>all layers</summary>{_output(WIDE_TABLE)}</details>"
+             '<div class="cell_input"><pre>x = float("nan")  # code may say nan</pre></div>'
              '<div class="cell_input"><pre>open("/tmp/scratch.txt")  # code may name paths</pre></div>'
              '<div class="highlight-bash"><pre>papermill in.ipynb /tmp/out.ipynb  # a typed command</pre></div>'
              '<h2 id="top">t</h2>', MATHJAX)
@@ -135,6 +237,16 @@ BROKEN = {  # page: (html, what the check must report)
                             'document. [myst-nb.glue]</p></div>'), "build warning left in the page"),
     "missing_css.html": (_page("<p>x</p>", '<link rel="stylesheet" href="_static/gone.css">'),
                          "_static/gone.css answered HTTP 404"),
+    "coarse_image.html": (_page('<img src="_images/coarse.png">'),
+                          "image too coarse for the web: _images/coarse.png is 765 px wide"),
+    "wide_table.html": (_page(_output(WIDE_TABLE)), "a table wider than the page"),
+    "nan_cell.html": (_page(_cells_table("NaN")), "a missing value printed in a table: 1 cell(s) 'NaN'"),
+    "nan_ci_cell.html": (_page(_cells_table("nan [nan, nan]")), "a missing value printed in a table"),
+    "none_cell.html": (_page(_cells_table("None")), "a missing value printed in a table: 1 cell(s) 'None'"),
+    "na_cell.html": (_page(_cells_table("&lt;NA&gt;")), "a missing value printed in a table: 1 cell(s) '<NA>'"),
+    "nan_prose.html": (_page("<p>The copies are off by a relative error of nan for K.</p>"), "NaN in the prose"),
+    "nan_caption.html": (_page('<figure><img src="_images/fig.svg"><figcaption><p>Speed nan× full depth.</p>'
+                               '</figcaption></figure>'), "NaN in the prose"),
 }
 
 
@@ -148,7 +260,10 @@ def site(tmp_path_factory):
     (root / "_images").mkdir()
     from PIL import Image
 
-    Image.new("RGB", (40, 30), "steelblue").save(root / "_images" / "fig.png")
+    Image.new("RGB", (pagecheck.MIN_IMAGE_PX, 1200), "steelblue").save(root / "_images" / "fig.png")
+    Image.new("RGB", (765, 574), "steelblue").save(root / "_images" / "coarse.png")
+    (root / "_images" / "fig.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="326px" height="245px" '
+                                              'viewBox="0 0 10 10"><rect width="10" height="10" fill="teal"/></svg>')
     (root / "index.html").write_text('<meta http-equiv="Refresh" content="0; url=good.html" />')
     (root / "good.html").write_text(GOOD)
     (root / "other.html").write_text(_page('<h2 id="results">r</h2>'))

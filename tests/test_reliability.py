@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 import torch
 
-from earlyexit.book import provenance, store
+from earlyexit.book import provenance
+from earlyexit.store import results as store
 from earlyexit.engine import models as M
 from helpers import gen as generate
 

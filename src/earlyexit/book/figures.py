@@ -82,7 +82,7 @@ def save_figure(fig, name: str, provenance: Mapping | None = None, *, directory:
                 formats=FORMATS) -> dict:
     """Write ``fig`` as <directory>/<name>.{png,pdf,svg} plus a <name>.json sidecar.
 
-    ``provenance`` is a record from ``earlyexit.provenance.collect``; the sidecar adds the figure's
+    ``provenance`` is a record from ``earlyexit.book.provenance.collect``; the sidecar adds the figure's
     name, its files and ``rerun``: the command that rebuilds it. Returns {format: path}, with the
     sidecar under "json". ``directory`` defaults to ``earlyexit.paths.FIGURES``.
     """

@@ -6,18 +6,17 @@
             print(page, c.check(page))          # a list of problems, [] when the page is fine
 
 The book is served from 127.0.0.1 by a small HTTP server; every request that leaves localhost is
-aborted, so a page that needs the network (MathJax from a CDN, a web font) shows it. On each page:
-
-- every ``<img>`` has loaded (``naturalWidth > 0``) and no local file answered with an error;
-- MathJax has typeset every formula: after its startup promise, no raw ``\\(``, ``\\[``, ``$$`` or
-  ``$...$`` is left in the visible text (code blocks aside) and no formula is a MathJax error;
-- no unresolved glue key or other build warning left in the page (``keep_warnings`` puts the
-  message in the page as a ``system-message``), and no unresolved cross-reference;
-- every internal link and figure reference resolves: the file exists and its ``#anchor`` is an id
-  on that page;
-- no JavaScript error (uncaught exceptions, ``console.error``) and no request that left localhost;
-- no text that looks like the build machine's absolute paths (``/work/``, ``/home/``, ``PosixPath(``
-  ...), a tqdm progress bar or a Python warning, in the page's text outside code cells' sources.
+aborted, so a page that needs the network (MathJax from a CDN, a web font) shows it. A page fails on:
+an ``<img>`` that did not load or a local file that answered with an error; a formula MathJax left
+as raw TeX (``\\(``, ``\\[``, ``$$``, ``$...$`` in the visible text, code aside) or typeset as an
+error; a glue key or other build warning left in the page (``keep_warnings``) or an unresolved
+cross-reference; an internal link or ``#anchor`` that does not resolve; a JavaScript error or a
+request that left localhost; text that looks like the build machine's absolute paths (``/work/``,
+``PosixPath(`` ...), a tqdm progress bar or a Python warning, outside code cells' sources; a table
+wider than the content column (scroll width against column width; a folded table, e.g.
+``hide-output``, passes); a raster image of the content under :data:`MIN_IMAGE_PX` natural pixels
+(SVGs pass); a table cell reading NaN/nan (also ``nan [nan, nan]``), None, <NA> or NaT; NaN/nan
+in the prose (the text outside code and tables).
 
 A full-page PNG screenshot of each page goes to ``screenshots/`` (by default
 ``<build>/_screenshots/``). Chromium is Debian's ``/usr/bin/chromium`` (or ``$EARLYEXIT_CHROMIUM``),
@@ -42,6 +41,7 @@ LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backgro
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
 SKIP_DIRS = {"_static", "_sources", "_images", "_screenshots", "_downloads"}
 VIEWPORT = {"width": 1280, "height": 900}
+MIN_IMAGE_PX = 1600   # the narrowest raster image (natural pixels) a page may show; SVGs are exempt
 
 INSTALL_HINT = ("install Debian's Chromium as root with `apt-get update && apt-get install -y chromium` "
                 "(or point EARLYEXIT_CHROMIUM at a Chromium binary) and Playwright for Python with "
@@ -82,39 +82,59 @@ def _snippet(text: str, m: re.Match, width: int = 50) -> str:
     return " ".join(text[a:b].split())
 
 
+def _found(patterns, text: str, fmt: str = "{what}: ...{snip}...", width: int = 50) -> list[str]:
+    """One problem per (what, regex) of ``patterns`` found in ``text``, with the text around its first match."""
+    return [fmt.format(what=what, snip=_snippet(text, m, width)) for what, rx in patterns if (m := rx.search(text))]
+
+
 def build_dir_problems(text: str, build_dirs: tuple[str, ...]) -> list[str]:
     """The build's own directories, anywhere in a page (code included)."""
-    out = []
-    for p in build_dirs:
-        if p and p in text:
-            i = text.index(p)
-            out.append(f"the build directory {p!r}: ...{' '.join(text[max(0, i - 40):i + len(p) + 40].split())}...")
-    return out
+    return [f"the build directory {p!r}: ...{' '.join(text[max(0, i - 40):i + len(p) + 40].split())}..."
+            for p in build_dirs if p and (i := text.find(p)) >= 0]
 
 
 def text_problems(text: str, build_dirs: tuple[str, ...] = ()) -> list[str]:
     """Leaks in a page's text: absolute paths, pathlib reprs, progress bars, Python warnings, glue
     warnings, and the literal ``build_dirs`` (the build's own directory)."""
-    out = []
-    for what, rx in LEAKS:
-        m = rx.search(text)
-        if m:
-            out.append(f"{what}: ...{_snippet(text, m)}...")
-    out += build_dir_problems(text, build_dirs)
-    m = GLUE_LEFTOVERS.search(text)
-    if m:
-        out.append(f"an unresolved glue key: ...{_snippet(text, m)}...")
-    return out
+    return _found(LEAKS, text) + build_dir_problems(text, build_dirs) + \
+        _found([("an unresolved glue key", GLUE_LEFTOVERS)], text)
 
 
 def raw_math_problems(text: str) -> list[str]:
     """TeX that MathJax did not typeset, in text taken outside code blocks."""
-    out = []
-    for what, rx in RAW_MATH:
-        m = rx.search(text)
-        if m:
-            out.append(f"{what} left untypeset: ...{_snippet(text, m, 30)}...")
+    return _found(RAW_MATH, text, "{what} left untypeset: ...{snip}...", 30)
+
+
+# ------------------------------------------------------------------------------ tables and figures
+
+_NAN = re.compile(r"(?<![A-Za-z0-9_])(?:NaN|nan)(?![A-Za-z0-9_])")   # a missing value as pandas prints it,
+MISSING_CELLS = {"None", "<NA>", "NaT"}                            # or as a whole cell
+_SVG = re.compile(r"\.svgz?(?:[?#]|$)|^data:image/svg", re.I)
+
+
+def image_size_problems(images, min_px: int = MIN_IMAGE_PX) -> list[str]:
+    """Raster images of the content (dicts: src, url, w: natural width, content) under ``min_px`` wide; SVGs pass."""
+    return [f"image too coarse for the web: {i['src']} is {i['w']} px wide (at least {min_px} px, or an SVG)"
+            for i in images if i.get("content", True) and 0 < (i.get("w") or 0) < min_px
+            and not _SVG.search(i.get("url") or i.get("src") or "")]
+
+
+def table_problems(tables, column_px: float) -> list[str]:
+    """Tables (dicts: w, the scroll width, 0 when folded; head, to name it; cells) wider than the content column,
+    or with a cell reading NaN/nan (also "nan [nan, nan]"), None, <NA> or NaT, folded or not."""
+    out = [f"a table wider than the page: {t['w']:.0f} px in a {column_px:.0f} px column ({t['head']})"
+           for t in tables if t["w"] > column_px + 1]
+    for t in tables:
+        bad = [c for c in (" ".join(c.split()) for c in t["cells"]) if c in MISSING_CELLS or _NAN.search(c)]
+        if bad:
+            out.append(f"a missing value printed in a table: {len(bad)} cell(s) "
+                       f"{', '.join(map(repr, dict.fromkeys(bad)))[:120]} ({t['head']})")
     return out
+
+
+def prose_nan_problems(text: str) -> list[str]:
+    """NaN/nan in the prose (outside code and tables): a value never measured, glued as if it were a number."""
+    return _found([("NaN in the prose", _NAN)], text)
 
 
 # ------------------------------------------------------------------------------------------ links
@@ -141,16 +161,12 @@ def link_problems(page: Path, hrefs, root: Path, page_ids=None) -> list[str]:
     out = []
     for href in dict.fromkeys(hrefs):
         href = (href or "").strip()
-        if not href or href.startswith(("mailto:", "javascript:", "tel:", "data:")):
-            continue
         parts = urlsplit(href)
-        if parts.scheme and parts.scheme not in ("http", "https", "file"):
-            continue
-        if parts.netloc and parts.hostname not in LOCAL_HOSTS:
-            continue  # an external link: not fetched (the browser has no network)
-        if parts.scheme == "file" or parts.netloc:
-            target = root / unquote(parts.path).lstrip("/")
-        elif parts.path.startswith("/"):
+        if not href or href.startswith(("mailto:", "javascript:", "tel:", "data:")) or \
+                (parts.scheme and parts.scheme not in ("http", "https", "file")) or \
+                (parts.netloc and parts.hostname not in LOCAL_HOSTS):
+            continue  # nothing to check, or an external link: not fetched (the browser has no network)
+        if parts.scheme == "file" or parts.netloc or parts.path.startswith("/"):
             target = root / unquote(parts.path).lstrip("/")
         elif parts.path:
             target = (page.parent / unquote(parts.path)).resolve()
@@ -205,14 +221,12 @@ def require_playwright():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        raise BrowserMissing(f"Playwright for Python is missing (import playwright failed): {INSTALL_HINT}") \
-            from None
+        raise BrowserMissing(f"Playwright for Python is missing (import failed): {INSTALL_HINT}") from None
     return sync_playwright
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # no access log on stderr
-        pass
+    log_message = lambda self, *args: None  # noqa: E731  (no access log on stderr)
 
     def end_headers(self):
         self.send_header("Cache-Control", "no-store")
@@ -247,43 +261,42 @@ async () => {
   await timeout(Promise.all(imgs.map(i => i.complete ? null :
       new Promise(r => { i.addEventListener('load', r); i.addEventListener('error', r); }))), 15000);
   const mathNodes = document.querySelectorAll('.math, .MathJax, mjx-container, script[type^="math/tex"]');
-  let mathjax = 'absent';
-  if (window.MathJax) {
-    mathjax = 'loaded';
-    try {
-      if (MathJax.startup && MathJax.startup.promise) { await timeout(MathJax.startup.promise, 20000); }
-      if (MathJax.typesetPromise) { await timeout(MathJax.typesetPromise(), 20000); }
-      mathjax = 'typeset';
-    } catch (e) { mathjax = 'failed: ' + e; }
-  }
+  let mathjax = window.MathJax ? 'loaded' : 'absent';
+  if (window.MathJax) try {
+    if (MathJax.startup && MathJax.startup.promise) { await timeout(MathJax.startup.promise, 20000); }
+    if (MathJax.typesetPromise) { await timeout(MathJax.typesetPromise(), 20000); }
+    mathjax = 'typeset';
+  } catch (e) { mathjax = 'failed: ' + e; }
   const main = document.querySelector('main') || document.body;
+  const without = (root, sel) => { const c = root.cloneNode(true); c.querySelectorAll(sel).forEach(e => e.remove()); return c; };
   // visible text outside code: raw TeX must not be here
-  const vis = main.cloneNode(true);
-  vis.querySelectorAll('pre, code, script, style, .highlight, mjx-container, .MathJax').forEach(e => e.remove());
+  const vis = without(main, 'pre, code, script, style, .highlight, mjx-container, .MathJax');
   // the text a reader can reach (folded outputs included), code cells' sources left out
-  const full = document.body.cloneNode(true);
-  full.querySelectorAll('script, style').forEach(e => e.remove());
-  const all = document.body.cloneNode(true);
-  all.querySelectorAll('script, style, .cell_input, mjx-container, mjx-assistive-mml, .MathJax').forEach(e => e.remove());
+  const full = without(document.body, 'script, style');
+  const all = without(document.body, 'script, style, .cell_input, mjx-container, mjx-assistive-mml, .MathJax');
   // code blocks typed in the prose (a command to copy) are the author's; a cell's output is not
   all.querySelectorAll('div[class*="highlight-"]').forEach(e => { if (!e.closest('.cell_output, .output')) e.remove(); });
   const xrefs = [...document.querySelectorAll('.xref, .problematic')].filter(e => !e.closest('a'))
       .map(e => e.textContent.trim()).slice(0, 10);
   const sysmsgs = [...document.querySelectorAll('.system-message')].map(e => e.textContent.trim().slice(0, 200));
+  // the content column (the article inside its padding), its tables (0 wide when folded), the prose
+  const art = document.querySelector('article') || main, acs = getComputedStyle(art);
+  const column = art.clientWidth - parseFloat(acs.paddingLeft || 0) - parseFloat(acs.paddingRight || 0);
+  const tables = [...main.querySelectorAll('table')].map(t => ({
+    w: t.closest('details:not([open])') || !t.getClientRects().length || (t.checkVisibility && !t.checkVisibility())
+       ? 0 : Math.max(t.scrollWidth, t.getBoundingClientRect().width),
+    head: [...t.querySelectorAll('th, td')].slice(0, 4).map(c => c.textContent.trim().slice(0, 30)).join(' | '),
+    cells: [...t.querySelectorAll('th, td')].map(c => c.textContent.trim())}));
+  const prose = without(main, 'script, style, .cell, table, pre, code, .highlight, mjx-container, .MathJax');
   return {
-    images: imgs.map(i => ({src: i.getAttribute('src'), url: i.currentSrc || i.src,
-                            w: i.naturalWidth, complete: i.complete})),
-    mathjax: mathjax,
-    mathCount: mathNodes.length,
-    mathErrors: document.querySelectorAll('mjx-merror, .MathJax_Error').length,
-    mathText: vis.textContent,
-    text: all.textContent,
-    fullText: full.textContent,
+    images: imgs.map(i => ({src: i.getAttribute('src'), url: i.currentSrc || i.src, w: i.naturalWidth,
+                            complete: i.complete, content: main.contains(i)})),
+    column, tables, proseText: prose.textContent, mathjax, mathCount: mathNodes.length,
+    mathErrors: document.querySelectorAll('mjx-merror, .MathJax_Error').length, mathText: vis.textContent,
+    text: all.textContent, fullText: full.textContent,
     hrefs: [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href')),
     ids: [...document.querySelectorAll('[id], a[name]')].map(e => e.id || e.getAttribute('name')),
-    xrefs: xrefs,
-    sysmsgs: sysmsgs,
-    title: document.title,
+    xrefs, sysmsgs, title: document.title,
   };
 }
 """
@@ -384,9 +397,7 @@ class Checker:
             report.screenshot = shot
         finally:
             tab.close()
-        for img in seen["images"]:
-            if not img["complete"] or not img["w"]:
-                problems.append(f"image not loaded: {img['src']}")
+        problems += [f"image not loaded: {i['src']}" for i in seen["images"] if not i["complete"] or not i["w"]]
         if seen["mathCount"] and seen["mathjax"] == "absent":
             problems.append(f"{seen['mathCount']} formulas but MathJax did not load")
         elif seen["mathjax"].startswith("failed"):
@@ -394,6 +405,9 @@ class Checker:
         if seen["mathErrors"]:
             problems.append(f"{seen['mathErrors']} formulas are MathJax errors")
         problems += raw_math_problems(seen["mathText"])
+        problems += image_size_problems(seen["images"])
+        problems += table_problems(seen["tables"], seen["column"])
+        problems += prose_nan_problems(seen["proseText"])
         problems += text_problems(seen["text"])
         problems += [p for p in build_dir_problems(seen["fullText"], self.build_dirs) if p not in problems]
         problems += [f"unresolved cross-reference: {x!r}" for x in seen["xrefs"]]

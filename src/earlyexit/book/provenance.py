@@ -1,12 +1,11 @@
 """What produced a result: code version, parameters, model weights, software, machine, date.
 
-Every figure sidecar (earlyexit.figures) and every executed notebook (earlyexit.runner) carries
+Every figure sidecar (earlyexit.book.figures) and every executed notebook (earlyexit.book.runner) carries
 one of these records, so a number in the book can be traced to the exact run that made it.
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import platform
@@ -17,8 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..paths import REPO_ROOT
-
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+from ..store.codekey import code_version
 
 
 def git_info(root: Path = REPO_ROOT) -> dict:
@@ -34,18 +32,6 @@ def git_info(root: Path = REPO_ROOT) -> dict:
         return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
         return {"commit": "unknown", "dirty": None}
-
-
-def code_version(package_dir: Path = PACKAGE_DIR) -> str:
-    """SHA-256 over the names and contents of the package's own ``*.py`` files.
-
-    Unlike the git commit, it changes exactly when the library code changes (committed or not),
-    and not when a notebook, the README or a profile does.
-    """
-    h = hashlib.sha256()
-    for f in sorted(package_dir.rglob("*.py")):
-        h.update(f.relative_to(package_dir).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=1)
@@ -124,7 +110,7 @@ def threads_record(spec=None) -> dict:
     cores available to this process (affinity, cgroup quota, scheduler grant) and the workers sharing them."""
     import torch
 
-    from ..engine.models import available_cores, resolve_threads
+    from ..engine.threads import available_cores, resolve_threads
 
     rec = {"torch_num_threads": torch.get_num_threads(), "asked": spec, "cores_available": available_cores()}
     if spec is not None:

@@ -1,5 +1,7 @@
 """The generated box that opens every executed chapter: the profile it was built with, its run time and
-commit, and the exact commands (``python -m earlyexit book ... --rerun`` and ``papermill ...``) that rebuild it."""
+commit, the repository it comes from (when one is known, :func:`earlyexit.book.bundle.repository_url`), and
+the exact commands (``git clone``/``checkout``, ``python -m earlyexit book ... --rerun`` and
+``papermill ...``) that rebuild it."""
 from __future__ import annotations
 
 import json
@@ -63,13 +65,16 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
-def rerun_box(name: str, meta: dict) -> str:
+def rerun_box(name: str, meta: dict, repository: str | None = None) -> str:
     """The markdown of the box that opens an executed chapter: how it was made and how to rebuild it.
 
     ``meta`` is the notebook's ``earlyexit`` metadata (profile, parameters, duration_s, git_commit,
     git_dirty, executed_utc). The title carries the facts (profile, run time, commit); the commands
-    are one click away (a dropdown), so the chapter still opens with its claim.
+    are one click away (a dropdown), so the chapter still opens with its claim. ``repository`` (an
+    https URL; default ``meta["repository"]``) adds a link to it and the ``git clone``/``checkout`` of the
+    commit; without one, the box names no repository.
     """
+    repository = repository or meta.get("repository") or None
     profile = meta.get("profile") or "cpu"
     commit = str(meta.get("git_commit") or "unknown")
     short = commit[:12] if commit != "unknown" else commit
@@ -82,12 +87,22 @@ def rerun_box(name: str, meta: dict) -> str:
     pm_cmd = papermill_command(name, dict(meta.get("parameters") or {}), defaults, width=88)
     book_cmd = rerun_command(name, profile)
     took = _duration(float(meta.get("duration_s") or 0))
+    source = []
+    if repository:
+        source = [f"Its source is in the repository [{repository}]({repository})"
+                  + (", at the commit below:" if commit != "unknown" else "."), ""]
+        if commit != "unknown":
+            source += ["```bash", f"git clone {repository} earlyexit && cd earlyexit && git checkout {commit}",
+                       "```", ""]
+    last = (f"Repository: [{repository}]({repository}), commit `{commit}`{dirty}." if repository
+            else f"Commit: `{commit}`{dirty}.")
     return "\n".join([
         f":::{{admonition}} Built with profile `{profile}` in {took}, at commit `{short}`{dirty}",
         f":class: dropdown note {RERUN_TAG}",
         "",
         f"This page is the notebook `notebooks/{name}.ipynb`, executed on {when} (UTC) with the "
         f"parameters of `profiles/{profile}.yml`. The download button above offers the executed notebook.",
+        *source,
         "Rebuild it as part of the book (from the repository root, in its `.venv`):",
         "",
         "```bash",
@@ -100,18 +115,26 @@ def rerun_box(name: str, meta: dict) -> str:
         pm_cmd,
         "```",
         "",
-        f"Commit: `{commit}`{dirty}.",
+        last,
         ":::",
     ])
 
 
-def add_rerun_box(nb, name: str) -> None:
+_LOOK_UP = object()
+
+
+def add_rerun_box(nb, name: str, repository=_LOOK_UP) -> None:
     """Insert :func:`rerun_box` after the notebook's first markdown cell (its title and claim),
-    replacing a box inserted before."""
+    replacing a box inserted before. ``repository``: the URL the box names, by default the book's
+    (:func:`earlyexit.book.bundle.repository_url`, None when none is set or found)."""
     import nbformat
 
+    if repository is _LOOK_UP:
+        from .bundle import repository_url
+
+        repository = repository_url()
     nb.cells = [c for c in nb.cells if RERUN_TAG not in c.get("metadata", {}).get("tags", [])]
-    cell = nbformat.v4.new_markdown_cell(rerun_box(name, nb.metadata.get("earlyexit", {})))
+    cell = nbformat.v4.new_markdown_cell(rerun_box(name, nb.metadata.get("earlyexit", {}), repository))
     cell.metadata["tags"] = [RERUN_TAG]
     cell.pop("id", None)
     cell["id"] = f"{RERUN_TAG}-box"

@@ -5,17 +5,17 @@
 The table of contents (_toc.yml) is the list of chapters. An entry ``book/generated/<name>`` is an
 executed notebook: its source is ``notebooks/<name>.ipynb`` (committed without outputs), its
 parameters are the profile's ``common:`` section, then the profile's section for ``<name>``, plus
-``profile: <profile name>``, all checked against the schema in ``earlyexit.params``.
+``profile: <profile name>``, all checked against the schema in ``earlyexit.book.params``.
 
-A notebook whose executed copy already holds the same run hash (parameters, source, git commit,
-library code) is skipped unless ``--rerun``. A notebook is executed into a temporary file that is
+A notebook whose executed copy already holds the same run hash (parameters, source, and the library code
+its imports reach) is skipped unless ``--rerun``. A notebook is executed into a temporary file that is
 renamed into place only when every cell ran; a failure stops the run, names the notebook and the
 failing cell's error, and keeps the partial output at ``book/generated/<name>.failed.ipynb``.
 With ``jobs`` above 1 (the profile's ``jobs:``, or ``--jobs``) up to that many notebooks execute at once, each
 in a child process with its output in ``book/generated/.logs/<name>.log``: a notebook whose ``threads`` is not 1
 (it takes every core) and the front page run alone, the former first, the rest in book order. Results two
 notebooks both need are computed once (the result cache and the checkpoints are claimed,
-:mod:`earlyexit.claims`). Each executed copy records in its metadata how many ran at once.
+:mod:`earlyexit.store.claims`). Each executed copy records in its metadata how many ran at once.
 The run ends by checking that every figure the executed notebooks published has its PNG, PDF, SVG
 and JSON sidecar under figures/ (:func:`check_figures`); a missing one fails it.
 """
@@ -40,7 +40,8 @@ from ..files import atomic_write_bytes, canonical
 from . import params as params_mod
 from .profiles import (GENERATED_PREFIX, PROFILE_KEYS, Profile, UsageError,  # noqa: F401
                        available_profiles, execution_order, load_profile, toc_notebooks, toc_path, toc_root)
-from .provenance import code_version, git_info, rerun_command, software
+from .provenance import git_info, rerun_command, software
+from ..store.codekey import code_version, notebook_roots
 from .jobs import job_order, run_jobs, runs_alone
 from .rerun import RERUN_TAG, add_rerun_box, papermill_command, rerun_box  # noqa: F401
 
@@ -86,12 +87,21 @@ def failed_path(name: str) -> Path:
     return paths.GENERATED / f"{name}.failed.ipynb"
 
 
-def run_hash(name: str, parameters: dict, git_commit: str | None = None, code: str | None = None) -> str:
-    """What an executed copy must match to be reused: parameters, source, git commit, library code."""
+def notebook_code(name: str) -> str:
+    """The version of the library code notebook ``name`` can reach: the modules its code cells import and
+    everything they import (:mod:`earlyexit.store.codekey`); the whole package if its imports cannot be read."""
+    nb = json.loads(source_path(name).read_text())
+    sources = ["".join(c.get("source", "")) for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+    return code_version(notebook_roots(sources))
+
+
+def run_hash(name: str, parameters: dict, code: str | None = None) -> str:
+    """What an executed copy must match to be reused: its parameters, its source, and the library code it can
+    reach (:func:`notebook_code`). Not the git commit: a commit that changes neither leaves the executed copy
+    as it would be now (the box at its top names the commit it was executed at)."""
     blob = canonical({"notebook": name, "parameters": dict(parameters),
                       "source_sha256": hashlib.sha256(source_path(name).read_bytes()).hexdigest(),
-                      "git_commit": git_commit if git_commit is not None else git_info()["commit"],
-                      "code_version": code or code_version()})
+                      "code_version": code or notebook_code(name)})
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -339,7 +349,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     git = git_info()
-    code = code_version()
     sw = software()
     t_all = time.perf_counter()
     jobs = args.jobs if args.jobs is not None else profile.jobs
@@ -347,18 +356,19 @@ def main(argv: list[str] | None = None) -> int:
     todo = {}
     for i, name in enumerate(selected, 1):
         parameters = dict(profile.parameters(name))
-        h = run_hash(name, parameters, git["commit"], code)
+        code = notebook_code(name)
+        h = run_hash(name, parameters, code)
         if not args.rerun and recorded(name).get("run_hash") == h:
             print(f"[{i}/{len(selected)}] {name}: up to date (profile {profile.name}), skipped; --rerun to execute "
                   f"anyway", flush=True)
         else:
-            todo[name] = (i, parameters, h)
+            todo[name] = (i, parameters, h, code)
     if jobs > 1 and len(todo) > 1:
         print(f"executing {len(todo)} notebooks, up to {jobs} at once", flush=True)
         if _execute_jobs({n: v[1] for n, v in todo.items()}, profile, jobs, args.rerun, toc_root()) != 0:
             return 1
         todo = {}
-    for name, (i, parameters, h) in todo.items():
+    for name, (i, parameters, h, code) in todo.items():
         head = f"[{i}/{len(selected)}] {name}"
         print(f"{head}: executing with profile {profile.name}", flush=True)
         meta = {"run_hash": h, "notebook": name, "profile": profile.name, "parameters": parameters,

@@ -137,7 +137,7 @@ SKIPDECODE = register(
 
 # --- chapters 06-07: LayerSkip (issue 5) --------------------------------------------------------
 # The training parameters live in chapter 6's schema only; chapters 7 and 8 load the checkpoints that the
-# same profile's chapter-6 parameters define (earlyexit.trained.recipes_for_profile).
+# same profile's chapter-6 parameters define (earlyexit.book.handoff.recipes).
 
 TRAINING = register(
     "06_training",
@@ -196,7 +196,12 @@ SELF_SPECULATIVE = register(
         strategy_thresholds=Param(list, [0.9, 0.99], "thresholds of the cache strategies re-run on the trained "
                                   "model", item=float, range=(1e-6, 1.0)),
         shortlist=Param(int, 8192, "rows of the shortlist draft head: the most frequent tokens of the training "
-                        "stream (0: the full vocabulary)", range=(0, 10_000_000)),
+                        "stream (0: the full vocabulary); the cost model prices a head of that many rows",
+                        range=(0, 10_000_000)),
+        unit_ctx=Param(int, 96, "keys in the cache when the cost model's unit costs are timed (chapter 9's value: "
+                       "both chapters read one measurement)", range=(1, 8192)),
+        unit_repeats=Param(int, 5, "timed repeats of each unit cost, the median counts (chapter 9's value)",
+                           range=(1, 1000)),
         draft_confidence=Param(float, 0.5, "adaptive draft length: a round stops drafting after a draft whose "
                                "probability is below this", range=(1e-6, 0.999999)),
         skip_layers=Param(list, [4, 8, 12], "training-free drafter: how many layers it leaves out (chosen "
@@ -267,4 +272,42 @@ WHERE_TIME_GOES = register(
         speed_goal=Param(float, 1.2, "speed-up over full depth the issue sets as a target", range=(0.0, 100.0)),
         error_goal=Param(float, 0.15, "median relative error the cost model must stay under", range=(0.0, 10.0)),
     ),
+)
+
+
+# --- chapter 10: where early exit pays (issue 18) -------------------------------------------------------------
+_SHAPE_NAMES = ("SmolLM2-135M", "SmolLM2-360M", "SmolLM2-1.7B", "TinyLlama-1.1B", "Llama-3.2-1B", "Llama-2-7B",
+                "Llama-3-8B", "Llama-2-13B", "Llama-2-70B")   # earlyexit.experiments.shapes.SHAPES (tested)
+
+WHERE_IT_PAYS = register(
+    "10_where_it_pays",
+    doc="Where early exit pays: the cost model at published model shapes, here and on GPUs, against published numbers.",
+    threads=THREADS,
+    prompt_kind=Param(str, "mix", "evaluation prompts of the trained model's acceptance and oracle exits"),
+    n_prompts=Param(int, 12, "prompts for the trained model's acceptance and oracle exits", range=(1, 10_000)),
+    max_prompt_tokens=Param(int, 96, "longest prompt kept (tokens)", range=(8, 8192)),
+    max_new_tokens=Param(int, 32, "tokens generated per prompt", range=(2, 8192)),
+    units_shapes=Param(list, ["SmolLM2-135M", "SmolLM2-360M", "TinyLlama-1.1B", "Llama-3.2-1B", "SmolLM2-1.7B",
+                              "Llama-2-7B"], "shapes whose unit costs are timed on this machine (random weights)",
+                       item=str, choices=_SHAPE_NAMES),
+    units_layers=Param(int, 2, "decoder layers built to time a shape's units (full width; 0 for all of them)",
+                       range=(0, 1024)),
+    unit_ctx=Param(int, 64, "keys in the cache when a shape's units are timed", range=(1, 8192)),
+    unit_repeats=Param(int, 3, "timed repeats of each unit (the median counts)", range=(1, 1000)),
+    spec_shapes=Param(list, ["SmolLM2-360M", "TinyLlama-1.1B", "Llama-3.2-1B"], "shapes whose self-speculation is "
+                      "timed whole at acceptance 1 and 0 (they must fit in memory)", item=str, choices=_SHAPE_NAMES),
+    spec_tokens=Param(int, 16, "tokens generated per prompt when self-speculation is timed at a shape",
+                      range=(2, 4096)),
+    spec_prompts=Param(int, 2, "random prompts per timed shape", range=(1, 1000)),
+    spec_rounds=Param(int, 2, "rounds of the paired timing (method and full depth in turn)", range=(1, 100)),
+    map_shapes=Param(list, list(_SHAPE_NAMES), "shapes on the map", item=str, choices=_SHAPE_NAMES),
+    exit_fraction=Param(float, 0.25, "the draft depth E as a share of the layers (LayerSkip's: about a quarter)",
+                        range=(0.01, 0.99)),
+    draft_len=Param(int, 4, "drafts a round d on the map", range=(1, 64)),
+    batches=Param(list, [1, 8, 64, 256], "batch sizes priced on the GPUs", item=int, range=(1, 65536)),
+    here_batches=Param(list, [1, 8], "batch sizes priced on this machine", item=int, range=(1, 4096)),
+    error_goal_here=Param(float, 0.15, "median relative error the cost model must keep against the bounds measured "
+                          "here", range=(0.0, 10.0)),
+    error_goal_published=Param(float, 0.20, "median relative error against the published speed-ups",
+                               range=(0.0, 10.0)),
 )

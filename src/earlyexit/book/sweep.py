@@ -7,8 +7,8 @@
 Each worker executes the selected notebooks with papermill exactly as the book does (same parameters, same
 code), into a temporary folder that is deleted afterwards (executed copies and figures included): the point
 is the result store, which every worker shares. The library's sweep loops shard their points by rank
-(:mod:`earlyexit.book.workers`) and the store's claims keep two workers from computing one point
-(:mod:`earlyexit.claims`). Afterwards ``python -m earlyexit book --profile P`` reads every point.
+(:mod:`earlyexit.store.workers`) and the store's claims keep two workers from computing one point
+(:mod:`earlyexit.store.claims`). Afterwards ``python -m earlyexit book --profile P`` reads every point.
 
 Ranks: the launcher (``--workers N``) starts N processes with ``EARLYEXIT_RANK=i`` and ``EARLYEXIT_WORLD=N``;
 under torchrun each process is one worker, its rank and world size from torchrun's ``RANK`` and
@@ -33,8 +33,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import claims, paths
-from . import runner, workers
+from ..store import claims
+from .. import paths
+from . import runner
+from ..store import workers
 
 WORKER_FLAG = "EARLYEXIT_SWEEP_WORKER"  # set by the launcher in the processes it starts
 USES_CHECKPOINTS = re.compile(r"\b(?:checkpoints\.(?:ensure|load)|load_trained)\(")
@@ -260,9 +262,9 @@ def build_checkpoints(profile, selected, head: str) -> None:
     no two workers train the same checkpoint."""
     if not needs_checkpoints(selected) or "06_training" not in runner.params_mod.SCHEMAS:
         return
-    from ..engine.models import set_threads
+    from ..engine.threads import set_threads
     from ..training import checkpoints
-    from .trained import recipes
+    from ..experiments.trained import recipes
 
     p = profile.parameters("06_training")
     todo = list(recipes(p).values())

@@ -296,7 +296,7 @@ def instruction_prompts(n: int, seed: int, tokenizer) -> list[Prompt]:
     chosen = _sample(range(len(INSTRUCTIONS)), n, seed, "instruction")
     return [Prompt(id=f"instruction:{i:02d}", kind="instruction",
                    text=render_instruction(INSTRUCTIONS[i], tokenizer), reference="",
-                   source=f"earlyexit.data.INSTRUCTIONS[{i}]") for i in chosen]
+                   source=f"earlyexit.corpus.prompts.INSTRUCTIONS[{i}]") for i in chosen]
 
 
 

@@ -209,7 +209,8 @@ _PACKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 class Packed:
     """One model's weights reordered for oneDNN (CPU inference; see the module docstring): per layer
-    W_Q|W_K|W_V fused (and W_K|W_V alone, for copy-forward), W_O, W_gate, W_up and W_down, and the LM head.
+    W_Q|W_K|W_V fused (``w_qkv``; and W_K|W_V alone, ``w_kv``, for copy-forward), W_O, W_gate, W_up and W_down,
+    and the LM head. (The fused weights are not called ``qkv``: that is the method that uses them.)
 
     The products after attention and in the MLP carry their neighbours as the kernel's post-ops: W_O and
     W_down add the residual, W_gate applies SiLU and W_up multiplies by it, so a layer's MLP is three
@@ -217,16 +218,16 @@ class Packed:
     ``_version`` counters), so training between two decodes never leaves a stale copy in use."""
 
     def __init__(self, A: Adapter):
-        self.qkv, self.qkv_b, self.kv, self.kv_b = [], [], [], []
+        self.w_qkv, self.b_qkv, self.w_kv, self.b_kv = [], [], [], []
         self.o, self.o_b, self.gate, self.gate_b, self.up, self.up_b, self.down, self.down_b = ([] for _ in range(8))
         self.silu = []
         self.nq = A.H * A.d
         for layer in A.layers:
             at, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(_blocked(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])))
-            self.qkv_b.append(_cat(at.q_proj.bias, at.k_proj.bias, at.v_proj.bias))
-            self.kv.append(_blocked(torch.cat([at.k_proj.weight, at.v_proj.weight])))
-            self.kv_b.append(_cat(at.k_proj.bias, at.v_proj.bias))
+            self.w_qkv.append(_blocked(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])))
+            self.b_qkv.append(_cat(at.q_proj.bias, at.k_proj.bias, at.v_proj.bias))
+            self.w_kv.append(_blocked(torch.cat([at.k_proj.weight, at.v_proj.weight])))
+            self.b_kv.append(_cat(at.k_proj.bias, at.v_proj.bias))
             for name, m in (("o", at.o_proj), ("gate", mlp.gate_proj), ("up", mlp.up_proj), ("down", mlp.down_proj)):
                 getattr(self, name).append(_blocked(m.weight))
                 getattr(self, name + "_b").append(None if m.bias is None else m.bias.detach())
@@ -257,7 +258,7 @@ class Packed:
 
     def qkv_proj(self, l: int, x: torch.Tensor, with_q: bool = True) -> torch.Tensor:
         """``x`` through W_Q|W_K|W_V (or W_K|W_V alone without ``with_q``), before any reshaping."""
-        return _linear(x, self.qkv[l], self.qkv_b[l]) if with_q else _linear(x, self.kv[l], self.kv_b[l])
+        return _linear(x, self.w_qkv[l], self.b_qkv[l]) if with_q else _linear(x, self.w_kv[l], self.b_kv[l])
 
     def qkv(self, l: int, x: torch.Tensor, with_q: bool = True):
         """Layer ``l``'s K, V and (``with_q``) Q projections of the normed ``x``, before any reshaping."""

@@ -20,7 +20,7 @@ from ..clock import now
 from ..progress import bar
 from .adapter import Adapter
 from .cache import COMPUTED, HOLE, PAD, RECOMPUTED, KVCache
-from .config import COUNTERS, DecodeConfig, Result
+from .result import COUNTERS, Result, prompt_pass
 from .fill import Strategy
 from .rules import ExitRule, StepView
 
@@ -211,10 +211,11 @@ class Engine:
 
 @torch.inference_mode()
 def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: ExitRule, strategy: Strategy,
-               config: DecodeConfig, *, pad_id: int, eos_set: set, force=None, return_logits: bool = False,
+               config, *, pad_id: int, eos_set: set, force=None, return_logits: bool = False,
                return_kv: bool = False, flush: bool = False, progress: bool = False,
                audit_weights: bool = False) -> Result:
-    """Greedy decoding of ``prompts`` (checked token-id lists) with an exit rule and a fill strategy.
+    """Greedy decoding of ``prompts`` (checked token-id lists) with an exit rule and a fill strategy; ``config`` is
+    the :class:`~earlyexit.engine.config.EarlyExit` that asked for them (its label, kept in the Result).
 
     ``force`` (B, N) replaces the fed-back token by the given one (teacher forcing), so that
     ``logits`` scores a reference under the cache the method builds. ``flush`` does the strategy's
@@ -246,6 +247,7 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
     for l in range(L):
         h = eng.layer(l, h, slice(None), cols, cos, sin, pstate, audit=False)
     logits = eng.head(h[:, -1], "out")
+    prefill_s = now(dev) - t0
     eng.phase = "decode"
 
     tokens = torch.full((B, N), pad_id, dtype=torch.long)
@@ -254,8 +256,7 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
     all_logits = torch.zeros((B, N, logits.shape[-1]), dtype=torch.float32) if return_logits else None
     n_new = torch.zeros(B, dtype=torch.long)
     exit_layer[:, 0] = L
-    eng.counts["layers_run"][:, 0] = L
-    eng.counts["head_checks"][:, 0] = 1
+    prompt_pass(eng.counts, L)
     rows = torch.arange(B)
     it = bar(range(N), show=progress, desc=config.label, leave=False)
     for t in it:
@@ -295,4 +296,5 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
     return Result(config=config, tokens=tokens, n_new=n_new, exit_layer=exit_layer, counts=eng.counts,
                   state=state, col_exit=col_exit, prompt_len=P, pad=pad, num_layers=L, wall_s=wall,
                   logits=all_logits, kv=kv, pending=pending, flushed_state=flushed,
-                  cache_bytes=eng.cache.nbytes, meta={"rule": rule.name, "strategy": strategy.name, "calls": calls})
+                  cache_bytes=eng.cache.nbytes, meta={"rule": rule.name, "strategy": strategy.name, "calls": calls,
+                        "prefill_s": prefill_s})

@@ -9,7 +9,7 @@ Every rule answers the decoding loop through the same three methods:
 * ``decide(s)``: given a :class:`StepView` ``s`` (the hidden states, the previous layer's, and, if
   ``rule.needs_logits``, the shared head's logits read through the final norm), a boolean per row:
   exit here or go on. A thresholded rule decides ``score(s) >= λ_t``; its ``score`` is the signal that the
-  book's frontier (:mod:`earlyexit.book.frontier`) and cost model read, so all three use one formula.
+  book's frontier (:mod:`earlyexit.experiments.frontier`) and cost model read, so all three use one formula.
 
 A rule that needs hindsight (``hindsight = True``: the oracle, which compares each layer's prediction with
 the full stack's) is asked after the whole plan ran, once per checked layer from the bottom, with the full

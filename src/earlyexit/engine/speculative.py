@@ -43,6 +43,7 @@ class SpecRun:
     layers: list[int] = field(default_factory=list)        # decoder-layer evaluations of each round
     heads: list[int] = field(default_factory=list)         # head evaluations of each round
     prompt_layers: int = 0
+    prefill_s: float = 0.0                                 # wall seconds of the prompt pass (within wall_s)
     cache_len: int = 0
     state: torch.Tensor | None = None                      # (L, C) provenance map of the shared cache
     calls: dict = field(default_factory=dict)              # what ran, by kind and size (see Engine.calls)
@@ -122,9 +123,10 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
     t0 = now(dev)
     h = run(range(L), A.embed(torch.tensor([prompt], device=dev)), list(range(P)))
     x = int(eng.head(h[:, -1], "out").argmax(-1))
+    prefill_s = now(dev) - t0
     eng.phase = "decode"
     out = [x]
-    sp = SpecRun(tokens=out, wall_s=0.0, prompt_layers=P * L)
+    sp = SpecRun(tokens=out, wall_s=0.0, prompt_layers=P * L, prefill_s=prefill_s)
     c = P
     bar = progress_bar(total=max_new_tokens, show=progress, desc=f"self-spec E={E} d={d}", leave=False)
     bar.update(1)

@@ -11,7 +11,7 @@ Hugging Face's own initialisation and trained from nothing. Checkpoints live und
 ``key`` hashes the base model's weights (or the scratch config), the TrainConfig, the training data (seed,
 split and this Python's standard library version, which is the corpus) and the batch layout.
 Which recipes the book's chapters train, from a profile's parameters, is the book's business
-(:mod:`earlyexit.book.trained`).
+(:mod:`earlyexit.experiments.trained`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .. import claims, paths
+from ..store import claims
+from .. import paths
 from .. import corpus as data_mod
 from ..engine.models import (EMBEDDED, GGUF_SHA256, SCRATCH, TINY, LoadedModel, embedded_tokenizer, load_model,
                              resolve_device, resolve_dtype, sha256_file, small_model)
@@ -105,9 +106,9 @@ def _base_loaded(recipe: Recipe, device: str = "cpu"):
 
 
 class Batches:
-    """``blocks(step)`` for :func:`earlyexit.train.train`: deterministic batches of the training stream.
+    """``blocks(step)`` for :func:`earlyexit.training.loop.train`: deterministic batches of the training stream.
 
-    Step ``s`` gets blocks ``s·B .. s·B + B - 1`` of :func:`earlyexit.data.token_stream` (training split,
+    Step ``s`` gets blocks ``s·B .. s·B + B - 1`` of :func:`earlyexit.corpus.token_stream` (training split,
     repeated over epochs), whatever order the steps are asked in, so a resumed run sees the same data.
     """
 
@@ -159,7 +160,7 @@ def ensure(recipe: Recipe, device: str = "cpu", progress: bool = True, root: Pat
     """The finished checkpoint of ``recipe``: reused if complete, else trained (resuming a partial run).
 
     Several processes that need the same missing checkpoint (two chapters run at once) train it once: one
-    holds a claim on it (:mod:`earlyexit.claims`, the file ``<label>-<key>.claim`` beside its folder) while
+    holds a claim on it (:mod:`earlyexit.store.claims`, the file ``<label>-<key>.claim`` beside its folder) while
     the others wait and then read it; a killed trainer's claim is taken over and its run resumed.
     Under ``torchrun`` every process calls this; they train together (``parallel``: "ddp" or "fsdp") and rank 0
     writes."""
@@ -203,7 +204,7 @@ def snapshots(recipe: Recipe, root: Path | None = None) -> dict[int, Path]:
 def load(recipe: Recipe, device: str = "auto", dtype=None, root: Path | None = None, train_if_missing: bool = True,
          progress: bool = True, step: int | None = None):
     """A LoadedModel with the weights of ``recipe``'s finished checkpoint (trained first if missing and
-    ``train_if_missing``), on ``device`` in ``dtype`` (default as :func:`earlyexit.model.load_model`).
+    ``train_if_missing``), on ``device`` in ``dtype`` (default as :func:`earlyexit.engine.models.load_model`).
     ``step``: the weights after that many steps instead (one of :func:`snapshots`)."""
     if not is_complete(recipe, root):
         if not train_if_missing:

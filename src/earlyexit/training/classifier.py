@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from .. import claims, corpus, paths
+from ..store import claims
+from .. import corpus, paths
 from ..engine import DecodeConfig, decode
 from ..engine.adapter import adapter
 from ..engine.classifier import ExitClassifier, load_classifier, save_classifier
@@ -135,7 +136,7 @@ def fit(data: dict, hidden_size: int, num_layers: int, cfg: ClassifierConfig) ->
 def ensure(lm, cfg: ClassifierConfig, root: Path | None = None) -> Path:
     """The folder of ``lm``'s classifier for ``cfg``: reused if complete, else trained (the labels, once
     computed, are kept beside it, so an interrupted run only redoes the fitting). Of several processes that
-    need it at once, one trains it under a claim (:mod:`earlyexit.claims`) and the others wait and read it."""
+    need it at once, one trains it under a claim (:mod:`earlyexit.store.claims`) and the others wait and read it."""
     d = directory(lm, cfg, root)
     done = (d / "classifier.json").is_file
     if done():

@@ -1,9 +1,10 @@
-"""The trained models the chapters use: which recipes chapter 6 trains under a profile, and what the book
+"""The trained models the chapters use: which recipes chapter 6's parameters define, and what the book
 measures on them.
 
-    recipes = trained.recipes_for_profile("cpu")          # {"layerskip": Recipe, "scratch-baseline": ..., ...}
+    recipes = trained.recipes(p)                          # {"layerskip": Recipe, "scratch-baseline": ..., ...}
     lm = checkpoints.load(recipes["layerskip"])           # trains first if the checkpoint is missing
 
+Which parameters a profile gives chapter 6 is the build's business (:mod:`earlyexit.book.handoff`);
 ``python -m earlyexit train --profile cpu`` builds every checkpoint of a profile ahead of the book.
 """
 from __future__ import annotations
@@ -58,20 +59,6 @@ def continual(recipes: dict[str, Recipe]) -> dict[str, Recipe]:
     return {k: r for k, r in recipes.items() if not r.scratch}
 
 
-def recipes_for_profile(profile: str, model: str | None = None) -> dict[str, Recipe]:
-    """The recipes chapter 6 trains under ``profile`` (profiles/<profile>.yml); chapters 7 and 8 load them.
-
-    ``model``, when given, must be the profile's model: the trained checkpoint is of that model."""
-    from . import runner
-
-    prof = runner.load_profile(profile)
-    p = prof.parameters("06_training")
-    if model is not None and model != p["model"]:
-        raise ValueError(f"profile {profile!r} trains {p['model']!r} in chapter 6, not {model!r}; run chapter 6 "
-                         f"with model={model!r} under a profile of your own, or use model={p['model']!r}")
-    return recipes(p)
-
-
 
 
 def precision(cfg: TrainConfig, device_type: str) -> str:
@@ -87,7 +74,7 @@ def layer_agreement(lm, n_blocks: int, seq_len: int, batch_size: int = 4):
     import pandas as pd
 
     from ..training.forward import per_layer_agreement
-    from . import store
+    from .. import store
 
     def compute():
         rows = []
@@ -100,16 +87,6 @@ def layer_agreement(lm, n_blocks: int, seq_len: int, batch_size: int = 4):
         return pd.DataFrame(rows)
 
     return store.cached("layer_agreement", {"n_blocks": n_blocks, "seq_len": seq_len}, compute, model=lm)
-
-
-def load_trained(P, which: str = "layerskip", progress: bool = True):
-    """The checkpoint ``which`` ("layerskip", "scratch-baseline", "scratch-layerskip") that chapter 6 trains
-    under the profile ``P.profile`` for the model ``P.model``, loaded on ``P.device`` in ``P.dtype`` (trained
-    first if it is missing)."""
-    from ..training import checkpoints
-
-    recipe = recipes_for_profile(P["profile"], P["model"])[which]
-    return checkpoints.load(recipe, device=P["device"], dtype=P["dtype"], progress=progress)
 
 
 def recipe_table(before, after: dict, layers, n_boot: int = 2000, seed: int = 0):
@@ -161,7 +138,7 @@ def recipe_shown(t, seconds: dict | None = None):
     perplexity changes with their 95% intervals)."""
     import pandas as pd
 
-    from .chapter import ci
+    from .metrics import ci
 
     layers = [int(c[3:]) for c in t.columns if c.startswith("ag_") and not c.endswith(("_lo", "_hi"))]
     out = {"run": [SHORT_NAMES.get(r, r) for r in t["run"]]}

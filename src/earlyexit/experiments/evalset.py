@@ -1,6 +1,6 @@
 """Evaluation prompt sets: prompts, their token ids and references, deterministic by seed.
 
-    es = prompts.eval_set(lm, kind="mix", n=12, seed=0, max_prompt_tokens=96)
+    es = evalset.eval_set(lm, kind="mix", n=12, seed=0, max_prompt_tokens=96)
     cal, test = es.part(0, 16), es.part(16, 32)
 
 The set's ``spec`` (kind, size, seed, truncation, and the SHA-256 of the texts) is part of every result
@@ -39,7 +39,7 @@ class EvalSet:
 
 
 def eval_set(lm, kind: str = "mix", n: int = 12, seed: int = 0, max_prompt_tokens: int = 96) -> EvalSet:
-    """``n`` evaluation prompts (earlyexit.data) with ids and references, deterministic by seed."""
+    """``n`` evaluation prompts (earlyexit.corpus) with ids and references, deterministic by seed."""
     ps = load_prompts(kind, n, seed, tokenizer=lm.tokenizer, max_prompt_tokens=max_prompt_tokens)
     ids = encode(ps, lm.tokenizer, max_prompt_tokens)
     refs = [list(lm.tokenizer(p.reference, add_special_tokens=False)["input_ids"]) or None

@@ -8,7 +8,7 @@
 A *method* is a row family of the Pareto figure: the five fill strategies under the confidence rule, the
 static exit (a lower bound that needs no cache fix), SkipDecode, oracle exits with an exact cache (what any
 exit rule could at best reach) and LayerSkip self-speculation (exact by construction). Every point comes
-from :mod:`earlyexit.book.points` and :mod:`earlyexit.book.timing`, and so from the result cache when another
+from :mod:`earlyexit.experiments.points` and :mod:`earlyexit.experiments.timing`, and so from the result cache when another
 chapter computed it.
 
 Columns of :func:`method_points` (one row per prompt and point): method, label, layers (decoder layers
@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from ..engine import DecodeConfig
-from . import metrics, points, prompts, timing
-from .prompts import EvalSet
+from . import metrics, points, timing
+from .evalset import EvalSet
 
 FILL = ("naive-mask", "naive-undefined", "copy-forward", "lazy-recompute", "eager-recompute")
 CLASSIFIER_CACHES = ("naive-mask", "copy-forward", "lazy-recompute")
@@ -73,7 +73,7 @@ def method_points(lm, es: EvalSet, n_new: int, *, rule: str, thresholds, min_lay
 
 
 def _spec_grid(lm, es: EvalSet, n_new: int, spec, repeats: int) -> dict:
-    """{(E, d): :func:`~earlyexit.book.timing.spec_point`} over ``spec``, with transformers' peer where chapter 7
+    """{(E, d): :func:`~earlyexit.experiments.timing.spec_point`} over ``spec``, with transformers' peer where chapter 7
     timed it (so its cached points are read back)."""
     return {(int(E), int(d)): timing.spec_point(lm, es, n_new, int(E), int(d), repeats=repeats,
                                                  peer=timing.has_spec_point(lm, es, n_new, int(E), int(d), repeats))
@@ -102,7 +102,7 @@ def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers:
     ``spec`` (timed), the shortlist draft head (``p7["shortlist"]`` rows) and the adaptive draft length
     (``p7["draft_confidence"]``, d up to the longest of ``spec``, full head and shortlist); and the training-free
     layer-skipping drafter (``p7["skip_layers"]`` of ``released_layers`` layers left out, scaled to ``lm``'s depth,
-    chosen by :func:`~earlyexit.book.probes.skip_search` on chapter 7's blocks) at every d of
+    chosen by :func:`~earlyexit.experiments.probes.skip_search` on chapter 7's blocks) at every d of
     ``p7["skip_draft_lens"]`` over the shortlist head, as chapter 7 runs it. With ``plain`` the plain grid's rows too (a model :func:`model_points` does not cover). The parameters
     are chapter 7's, so its timed points are read from the result cache, not timed again."""
     from . import probes
@@ -330,38 +330,3 @@ def wide_table(best: pd.DataFrame, names: dict, layers: dict, never: float = 0.5
     out = out.loc[order].fillna("")
     out.index.name = "method"
     return out.reset_index()
-
-
-def headline(profile: str, model: str | None = None, device: str | None = None) -> pd.DataFrame:
-    """The front page's table: chapter 8's summary table (:func:`wide_table`) restricted to the released and
-    the trained model, with the comparison chapter's parameters under ``profile``. Every number is read from
-    the result cache when the comparison chapter has run (the runner executes the front page last)."""
-    import torch
-
-    from ..engine.models import load_model, set_threads
-    from ..training import checkpoints
-    from . import chapter, classify, runner, trained
-
-    p = runner.load_profile(profile).parameters("08_comparison")
-    if model is not None and model != p["model"]:
-        raise ValueError(f"profile {profile!r} compares {p['model']!r}, not {model!r}")
-    before = torch.get_num_threads()
-    set_threads(p["threads"])  # timing entries are keyed by the thread count they were measured with
-    try:
-        dev = device or p["device"]
-        released = load_model(p["model"], device=dev, dtype=p["dtype"])
-        models = {"released": released}
-        if "trained" in p["models"]:
-            recipe = trained.recipes_for_profile(profile, p["model"])["layerskip"]
-            models["trained"] = checkpoints.load(recipe, device=dev, dtype=p["dtype"], progress=False)
-        es = prompts.eval_set(released, p["prompt_kind"], p["n_prompts"], p["seed"], p["max_prompt_tokens"])
-        sset = es.subset(min(p["spec_prompts"], len(es)))
-        p9 = runner.load_profile(profile).parameters("09_where_time_goes")
-        clf = {k: classify.classifier_for(m, p9) for k, m in models.items()}
-        pts = model_points(models, released.num_layers, es, p["max_new_tokens"], p, sset, classifiers=clf,
-                           classifier_thresholds=p9["clf_thresholds"])
-        summ = summarize(pts, seed=p["seed"], n_boot=p["n_boot"], by=("model", "method", "label"))
-        best, _ = best_table(summ, p["target"], chapter.model_names(p["model"]), exclude=("oracle exits", "static exit"))
-        return wide_table(best, chapter.model_names(p["model"]), {k: m.num_layers for k, m in models.items()})
-    finally:
-        torch.set_num_threads(before)

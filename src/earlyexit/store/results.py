@@ -5,7 +5,9 @@
     table = store.sweep("exit_rate", [{"threshold": t} for t in (0.5, 0.7, 0.9)], point, model=lm)
 
 An entry's key hashes the experiment name, its parameters, the model's weights (SHA-256) and the
-code version (a hash of ``src/earlyexit/*.py``), so changing any of them computes afresh.
+version of the code it depends on (:mod:`earlyexit.store.codekey`: the modules of the package that the
+computation's code imports, transitively), so changing any of them computes afresh, and editing code the
+computation cannot reach (the book's build tooling, a notebook's prose, a test) recomputes nothing.
 
 On disk, under ``data/cache/<name>/``, an entry is two files:
 ``<key>.csv`` (the table, readable by anything) and ``<key>.json`` (parameters, versions, column
@@ -17,7 +19,7 @@ is detected instead of read.
 Several processes may share one store (the workers of ``python -m earlyexit sweep``, or two notebooks
 run at once). Entries appear whole (the renames above) and are checked when read, so no process ever
 takes a half-written one as complete; and a missing entry is computed under a *claim*, a lock file
-``<key>.claim`` beside it (:mod:`earlyexit.claims`): of several processes that need it at once, one
+``<key>.claim`` beside it (:mod:`earlyexit.store.claims`): of several processes that need it at once, one
 computes it and the others wait and read it. The claim of a killed process is taken over, so a
 killed worker loses only the point it was computing.
 
@@ -35,7 +37,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from .. import claims
+from . import claims, codekey
 from ..files import atomic_write_bytes, canonical
 from ..progress import say
 from . import workers
@@ -51,11 +53,17 @@ def weights_id(model) -> str | None:
 
 
 def entry_key(name: str, params: Mapping, model=None, code: str | None = None) -> str:
-    from .provenance import code_version
-
     blob = canonical({"format": FORMAT, "name": name, "params": dict(params),
-                      "weights_sha256": weights_id(model), "code_version": code or code_version()})
+                      "weights_sha256": weights_id(model), "code_version": code or codekey.code_version()})
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _code(*fns) -> tuple[list[str], str]:
+    """The modules the running computation depends on (the module that asks the store, and those where ``fns``
+    are defined: :func:`earlyexit.store.codekey.roots_for`) and the version of the code they reach; the whole
+    package when none is the package's."""
+    roots = codekey.roots_for(*fns)
+    return roots, codekey.code_version(roots)
 
 
 def _root(root) -> Path:
@@ -166,9 +174,10 @@ def _load(csv_path: Path, meta_path: Path, key: str):
         raise CorruptEntry(f"table does not parse ({e.__class__.__name__}: {e})") from None
 
 
-def _paths(name: str, params: Mapping, model, root) -> tuple[str, Path, Path]:
+def _paths(name: str, params: Mapping, model, root, code: str | None = None) -> tuple[str, Path, Path]:
+    """The entry's key and files; ``code`` by default the version of the code of whoever asks the store."""
     _check_name(name)
-    key = entry_key(name, params, model)
+    key = entry_key(name, params, model, code or _code()[1])
     folder = _root(root) / name
     return key, folder / f"{key}.csv", folder / f"{key}.json"
 
@@ -186,7 +195,7 @@ def read(name: str, params: Mapping, *, model=None, root=None):
 
 
 def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=None, root=None,
-           refresh: bool = False, lower_hint: str | None = None):
+           refresh: bool = False, lower_hint: str | None = None, code_of: Callable | None = None):
     """Return the table for (``name``, ``params``, ``model``), computing it with ``compute_fn()`` once.
 
     ``compute_fn`` returns a DataFrame, a dict (one row) or a list of dicts. The value returned is
@@ -195,11 +204,15 @@ def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=N
     :class:`ResourceError` names the point and suggests lowering ``lower_hint`` (default: the
     prompt count, generation length or batch size); the original error is its ``__cause__``.
 
-    Concurrent processes (see :mod:`earlyexit.claims`): a missing entry is computed under a claim
+    Concurrent processes (see :mod:`earlyexit.store.claims`): a missing entry is computed under a claim
     file ``<key>.claim`` beside it, so that of several processes asking for it at once one computes it
     and the others wait and read it; the claim of a killed process is taken over.
+
+    The key covers the code the computation depends on: the package module that calls this (the innermost one
+    outside the store), ``compute_fn``'s and ``code_of``'s, and all they import (:mod:`earlyexit.store.codekey`).
     """
-    key, csv_path, meta_path = _paths(name, params, model, root)
+    roots, code = _code(compute_fn, code_of)
+    key, csv_path, meta_path = _paths(name, params, model, root, code)
     lock = csv_path.with_suffix(".claim")
     seen_damage = False
     while True:
@@ -222,20 +235,21 @@ def cached(name: str, params: Mapping, compute_fn: Callable[[], Any], *, model=N
                                   RuntimeWarning, stacklevel=2)
                     for p in (meta_path, csv_path):
                         p.unlink(missing_ok=True)
-            return _compute_and_write(name, params, compute_fn, model, key, csv_path, meta_path, lower_hint)
+            return _compute_and_write(name, params, compute_fn, model, key, csv_path, meta_path, lower_hint,
+                                      (roots, code))
 
 
-def _compute_and_write(name, params, compute_fn, model, key, csv_path: Path, meta_path: Path, lower_hint):
+def _compute_and_write(name, params, compute_fn, model, key, csv_path: Path, meta_path: Path, lower_hint,
+                       code: tuple[list[str], str] | None = None):
     try:
         result = compute_fn()
     except _oom_types() as e:
         raise ResourceError(_oom_message(name, params, e, lower_hint)) from e
     df = _as_frame(result)
     csv, dtypes = _encode(df)
-    from .provenance import code_version
-
+    roots, version = code or ([], codekey.code_version())
     meta = {"format": FORMAT, "key": key, "name": name, "params": json.loads(canonical(dict(params))),
-            "weights_sha256": weights_id(model), "code_version": code_version(),
+            "weights_sha256": weights_id(model), "code_version": version, "code_roots": roots,
             "columns": list(df.columns), "dtypes": dtypes, "rows": len(df),
             "csv_sha256": hashlib.sha256(csv).hexdigest()}
     atomic_write_bytes(csv_path, csv)
@@ -280,7 +294,7 @@ def sweep(name: str, points: Iterable[Mapping], fn: Callable[..., Any], *, model
     resumes where it stopped. Progress goes to stderr (``EARLYEXIT_PROGRESS=0`` silences it).
     A point that runs out of memory stops the sweep with a :class:`ResourceError` naming it and
     what to lower (``lower_hint``); the points before it stay cached. In a worker of a distributed
-    sweep the worker's share of the points comes first (:func:`earlyexit.book.workers.each`).
+    sweep the worker's share of the points comes first (:func:`earlyexit.store.workers.each`).
     """
     import pandas as pd
     from tqdm import tqdm
@@ -292,7 +306,7 @@ def sweep(name: str, points: Iterable[Mapping], fn: Callable[..., Any], *, model
                disable=not progress_enabled(), dynamic_ncols=True)
 
     def one(point):
-        df = cached(name, point, lambda: fn(**point), model=model, root=root, lower_hint=lower_hint)
+        df = cached(name, point, lambda: fn(**point), model=model, root=root, lower_hint=lower_hint, code_of=fn)
         bar.update(1)
         return df
 
@@ -313,13 +327,12 @@ def sweep(name: str, points: Iterable[Mapping], fn: Callable[..., Any], *, model
 
 def entries(name: str, *, model=None, root=None, current_code: bool = True):
     """Every complete entry of experiment ``name`` for ``model`` (its weights' hash) in the store: yields
-    (parameters, table). With ``current_code`` only entries made by this version of the library (older ones
-    are stale: their keys can no longer be asked for)."""
-    from .provenance import code_version
-
+    (parameters, table). With ``current_code`` only entries whose code is unchanged since they were made (the
+    version of the modules recorded in the entry, ``code_roots``, is the version now; older entries are stale:
+    their keys can no longer be asked for)."""
     _check_name(name)
     folder = _root(root) / name
-    want_code = code_version() if current_code else None
+    versions: dict = {}
     wid = weights_id(model)
     for meta_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
@@ -328,8 +341,12 @@ def entries(name: str, *, model=None, root=None, current_code: bool = True):
             continue
         if wid is not None and meta.get("weights_sha256") != wid:
             continue
-        if want_code is not None and meta.get("code_version") != want_code:
-            continue
+        if current_code:
+            roots = tuple(meta.get("code_roots") or ())
+            if roots not in versions:
+                versions[roots] = codekey.code_version(roots)
+            if meta.get("code_version") != versions[roots]:
+                continue
         try:
             df = _load(meta_path.with_suffix(".csv"), meta_path, meta.get("key"))
         except CorruptEntry:

@@ -13,8 +13,9 @@ import torch
 
 from ..engine.classifier import load_classifier
 from ..training import classifier as train_clf
-from . import metrics, store
-from .prompts import EvalSet
+from . import metrics
+from .. import store
+from .evalset import EvalSet
 
 
 def config(P) -> train_clf.ClassifierConfig:

@@ -9,10 +9,10 @@ a tidy table, one row per prompt:
     cost                              layers (decoder layers per decoding step, recompute included),
                                       own_layers, recompute_layers, copied_kv, head_checks,
                                       pending_layers (lazy recompute: skipped layers never run),
-                                      flop_fraction and effective_layers (earlyexit.metrics.cost_summary)
+                                      flop_fraction and effective_layers (earlyexit.experiments.metrics.cost_summary)
     what happened                     exit_rate, hole_reads, the tokens and exit layers (space-separated)
 
-Every point goes through the result cache (:mod:`earlyexit.book.store`): its key holds the point's
+Every point goes through the result cache (:mod:`earlyexit.store.results`): its key holds the point's
 configuration, the prompt set's hash, the model's weights hash and the library's code version, so a
 chapter that asks for a point another chapter has computed reads it from disk.
 
@@ -21,7 +21,7 @@ predicted by the prompt pass, which is the same full-depth pass for every method
 metrics compare token ids (not words).
 
     from earlyexit.engine import DecodeConfig
-    es = prompts.eval_set(lm, kind="mix", n=12, seed=0, max_prompt_tokens=96)
+    es = evalset.eval_set(lm, kind="mix", n=12, seed=0, max_prompt_tokens=96)
     df = points.point(lm, es, 32, DecodeConfig.early_exit("softmax", "copy-forward", threshold=0.9, min_layer=15))
 """
 from __future__ import annotations
@@ -34,8 +34,11 @@ import pandas as pd
 import torch
 
 from ..engine import DecodeConfig, Result, decode
-from . import metrics, store, workers
-from .prompts import EvalSet
+from . import metrics
+from .. import store
+from ..files import canonical
+from ..store import workers
+from .evalset import EvalSet
 
 IGNORE = -100
 
@@ -153,11 +156,12 @@ def run_point(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, with_ppl: bool = F
 
 def describe(df: pd.DataFrame, cfg: DecodeConfig) -> pd.DataFrame:
     """Insert the configuration's columns (rule, strategy, label, threshold, rule_kw) after ``prompt``."""
-    df.insert(1, "rule", cfg.rule if cfg.method == "early-exit" else cfg.method)
-    df.insert(2, "strategy", cfg.strategy if cfg.method == "early-exit" else cfg.method)
+    cols = cfg.columns()
+    df.insert(1, "rule", cols["rule"])
+    df.insert(2, "strategy", cols["strategy"])
     df.insert(3, "label", cfg.label)
     df.insert(4, "threshold", cfg.threshold)
-    df.insert(5, "rule_kw", store.canonical(cfg.key().get("rule_kw", {})))
+    df.insert(5, "rule_kw", canonical(cfg.key().get("rule_kw", {})))
     return df
 
 
@@ -177,7 +181,7 @@ def sweep(lm, es: EvalSet, n_new: int, configs, ppl_for=(), progress: bool = Tru
 
     ``ppl_for``: the configs (or their labels) whose reference perplexity is measured as well (a second,
     teacher-forced pass), or True for all of them. In a worker of a distributed sweep the worker's share
-    of the configs is computed first (:func:`earlyexit.book.workers.each`).
+    of the configs is computed first (:func:`earlyexit.store.workers.each`).
     """
     from ..progress import bar
 

@@ -2,7 +2,7 @@
 
 The softmax rule reads the vocabulary head at every layer where it may exit (on SmolLM2 a head evaluation costs
 about eight decoder layers); state saturation (the hidden state stops changing) and CALM's learned exit
-classifier (a small network on the hidden state, see :mod:`earlyexit.book.classify`) decide without it and
+classifier (a small network on the hidden state, see :mod:`earlyexit.experiments.classify`) decide without it and
 read the head once per token, at the exit. :func:`table` runs the three rules at their operating points with
 each of a chapter's fill strategies on the chapter's prompts, and summarises consistency, layers and head
 evaluations per token (mean and 95% bootstrap interval over prompts) and the batch's speed against full depth.
@@ -17,8 +17,8 @@ import pandas as pd
 
 from ..engine import DecodeConfig
 from . import points
-from .chapter import ci
-from .prompts import EvalSet
+from .metrics import ci
+from .evalset import EvalSet
 
 RULES = ("softmax", "saturation", "classifier")
 

@@ -9,9 +9,11 @@ import torch
 from ..engine.cache import COMPUTED, COPIED, HOLE, RECOMPUTED
 from ..engine import DecodeConfig, Result, decode
 from ..engine.adapter import unwrap
-from . import metrics, store, workers
+from . import metrics
+from .. import store
+from ..store import workers
 from .points import point_params
-from .prompts import EvalSet
+from .evalset import EvalSet
 
 
 @torch.inference_mode()

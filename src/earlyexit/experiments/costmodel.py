@@ -20,7 +20,6 @@ copies, deciding heads, the output head and overhead (:data:`PARTS`).
 """
 from __future__ import annotations
 
-import json
 import math
 import platform
 
@@ -35,8 +34,9 @@ from ..engine.cache import COMPUTED
 from ..engine.classifier import ExitClassifier
 from ..engine.fill import NaiveMask
 from ..engine.loop import Engine
+from ..engine.result import calls_json  # noqa: F401  (where the tables' calls columns are written)
 from ..engine.rules import FullDepth, StepView, make_rule
-from . import store
+from .. import store
 
 PARTS = ("own layers", "recompute", "copies", "deciding", "output head", "overhead")
 LAYER_KS = (*range(1, 17), 24, 32, 48, 64, 128, 256, 512, 1024)
@@ -68,7 +68,8 @@ def _median_time(fn, repeats: int, device=None) -> float:
 
 
 @torch.inference_mode()
-def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 64) -> list[dict]:
+def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 64, layer_ks=LAYER_KS,
+           head_rows=HEAD_ROWS) -> list[dict]:
     A = adapter(lm).for_inference()       # the layout the decoding front door uses
     L, D = A.L, A.config.hidden_size
 
@@ -77,13 +78,13 @@ def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 
 
     g = torch.Generator().manual_seed(0)
     rows = []
-    big = max(LAYER_KS)
+    big = max(layer_ks)
     eng = Engine(A, 1, ctx + big + 1, FullDepth(L), NaiveMask(), 1)
     h0 = A.embed(torch.randint(0, A.vocab, (1, ctx), generator=g).to(A.device))
     cos, sin = A.rope(h0, torch.arange(ctx, device=A.device)[None])
     for l in range(L):                                      # a real context in the cache
         h0 = eng.layer(l, h0, slice(None), torch.arange(ctx), cos, sin, COMPUTED, audit=False)
-    for k in LAYER_KS:
+    for k in layer_ks:
         h = torch.randn(1, k, D, generator=g).to(A.device, A.dtype)
         cols = torch.arange(ctx, ctx + k) if k > 1 else ctx
         c, s = A.rope(h, torch.arange(ctx, ctx + k, device=A.device)[None])
@@ -100,7 +101,7 @@ def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 
     classifier.attach(ExitClassifier(D, L, classifier_hidden).to(A.device, A.dtype).eval(), A.norm)
     K = min(shortlist, A.head.weight.shape[0])
     head_short = A.sub_head(torch.arange(K, device=A.device))
-    for r in HEAD_ROWS:
+    for r in head_rows:
         h = torch.randn(r, D, generator=g).to(A.device, A.dtype)
         rows.append({"unit": "head", "size": r, "seconds": _t(lambda h=h: A.logits(h), repeats)})
         rows.append({"unit": "head_short", "size": r,
@@ -115,26 +116,31 @@ def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 
     return rows
 
 
+def time_units(lm, ctx: int = 96, shortlist: int = 8192, repeats: int = 5, prompt=None, n_steps: int = 24,
+               layer_ks=LAYER_KS, head_rows=HEAD_ROWS) -> list[dict]:
+    """The unit costs of :func:`measure_units`, timed now (not cached): ``layer_ks`` and ``head_rows`` choose the
+    sizes (fewer for a large model timed from a few of its layers)."""
+    rows = _units(lm, ctx, shortlist, repeats, layer_ks=layer_ks, head_rows=head_rows)
+    units = pd.DataFrame(rows)
+    ids = prompt or list(range(100, 100 + ctx))
+    best = math.inf
+    for _ in range(3):
+        pre = decode(lm, [ids], DecodeConfig.full(), 1, stop_at_eos=False)
+        r = decode(lm, [ids], DecodeConfig.full(), n_steps + 1, stop_at_eos=False)
+        best = min(best, (r.wall_s - pre.wall_s) / n_steps)
+    part = predict(r.meta["calls"]["decode"], units, steps=False)["total"] / n_steps
+    rows.append({"unit": "step", "size": 1, "seconds": max(best - part, 0.0)})
+    return rows
+
+
 def measure_units(lm, ctx: int = 96, shortlist: int = 8192, repeats: int = 5, prompt=None,
                   n_steps: int = 24) -> pd.DataFrame:
     """Unit costs (seconds) on this machine, cached per model, machine and thread count: rows (unit, size,
     seconds); units layer, head, head_short, decide, kv (see the module docstring) and step (size 1: the
     per-step overhead of a full-depth decode of ``prompt`` at batch 1, what its layers and head leave)."""
-    def compute():
-        rows = _units(lm, ctx, shortlist, repeats)
-        units = pd.DataFrame(rows)
-        ids = prompt or list(range(100, 100 + ctx))
-        best = math.inf
-        for _ in range(3):
-            pre = decode(lm, [ids], DecodeConfig.full(), 1, stop_at_eos=False)
-            r = decode(lm, [ids], DecodeConfig.full(), n_steps + 1, stop_at_eos=False)
-            best = min(best, (r.wall_s - pre.wall_s) / n_steps)
-        part = predict(r.meta["calls"]["decode"], units, steps=False)["total"] / n_steps
-        rows.append({"unit": "step", "size": 1, "seconds": max(best - part, 0.0)})
-        return rows
-
     params = {"ctx": ctx, "shortlist": shortlist, "repeats": repeats, "n_steps": n_steps, **machine_id()}
-    return store.cached("cost_units", params, compute, model=lm)
+    return store.cached("cost_units", params, lambda: time_units(lm, ctx, shortlist, repeats, prompt, n_steps),
+                        model=lm)
 
 
 def _interp(units: pd.DataFrame, unit: str, size: float) -> float:
@@ -188,8 +194,3 @@ def predict(calls: dict, units: pd.DataFrame, steps: bool = True, shortlist: int
             out["overhead"] += n * _interp(units, "step", 1)
     out["total"] = sum(out[p] for p in PARTS)
     return out
-
-
-def calls_json(calls: dict) -> str:
-    """A Result's calls as one JSON string (for a table column)."""
-    return json.dumps(calls, sort_keys=True, separators=(",", ":"))

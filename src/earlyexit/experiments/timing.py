@@ -12,10 +12,10 @@ import pandas as pd
 import torch
 
 from ..engine import DecodeConfig, decode
-from . import store
-from .costmodel import calls_json
+from .. import store
+from ..engine.result import calls_json
 from .points import point_params, split_ints
-from .prompts import EvalSet
+from .evalset import EvalSet
 
 FULL = DecodeConfig.full()
 
@@ -57,9 +57,10 @@ def time_point(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, batch: int = 1, r
 
     params = point_params(es, n_new, cfg, batch=batch, repeats=repeats, threads=torch.get_num_threads())
     df = store.cached("timing", params, compute, model=lm)
+    cols = cfg.columns()
     df.insert(0, "label", cfg.label)
-    df.insert(1, "rule", cfg.rule)
-    df.insert(2, "strategy", cfg.strategy)
+    df.insert(1, "rule", cols["rule"])
+    df.insert(2, "strategy", cols["strategy"])
     return df
 
 
@@ -107,7 +108,8 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
     all three), ``speedup`` (full_s / spec_s), ``vs_hf`` (hf_s / spec_s), ``lossless`` (our tokens equal
     full depth's), ``hf_lossless``, ``acceptance`` (accepted / drafted), ``rounds``, ``tokens_per_round``,
     ``layers`` (decoder-layer evaluations per decoding step, draft + verify, prompt pass excluded as for
-    every other method), ``heads`` (head evaluations per decoding step). ``draft``: drafting options of
+    every other method), ``heads`` (head evaluations per decoding step), ``spec_prefill_s`` (the prompt pass of
+    our decoder's last timed run, measured inside it: decoding alone takes about ``spec_s − spec_prefill_s``). ``draft``: drafting options of
     :meth:`DecodeConfig.self_speculation` (``shortlist=K``, ``confidence=c``) for our decoder; the peer keeps
     its plain drafts."""
     draft = {k: v for k, v in draft.items() if v}
@@ -128,6 +130,8 @@ def spec_point(lm, es: EvalSet, n_new: int, exit_layer: int, draft_len: int, rep
             rows.append({"prompt": b, "E": exit_layer, "d": draft_len, "K": int(draft.get("shortlist", 0)),
                          "confidence": float(draft.get("confidence", 0.0)), "n_new": n,
                          "full_s": got["full"][0], "spec_s": got["spec"][0],
+                         # the prompt pass of the fastest repeat's kept run, measured inside it
+                         "spec_prefill_s": float(sp.meta.get("prefill_s", float("nan"))),
                          "hf_s": got["hf"][0] if peer else float("nan"),
                          "lossless": bool(sp.sequences()[0] == ref),
                          "hf_lossless": bool(got["hf"][1].sequences()[0] == ref) if peer else float("nan"),
@@ -186,3 +190,75 @@ def side_by_side(lm, es: EvalSet, n_new: int, configs: dict, repeats: int = 1) -
     df = store.cached("side_by_side", params, compute, model=lm)
     df["speedup"] = df["full_s"] / df["seconds"]
     return df
+
+
+# ------------------------------------------------------------------------------ paired timings, fit to cite
+
+
+def decode_seconds(r) -> float:
+    """Wall seconds of a run's decoding steps alone: its time less its prompt pass, both measured in the same run
+    (``meta["prefill_s"]``); a peer that cannot tell them apart gives its whole time."""
+    pre = r.meta.get("prefill_s", float("nan"))
+    return r.wall_s - pre if math.isfinite(pre) else r.wall_s
+
+
+def paired_runs(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, ref: DecodeConfig = FULL, rounds: int = 3,
+                batch: int = 1) -> pd.DataFrame:
+    """The method ``cfg`` and its reference ``ref`` timed in turn, group by group (``batch`` prompts decoded
+    together; at batch 1 each prompt alone), ``n_new`` tokens without stopping at EOS, for ``rounds`` rounds,
+    the order alternating (the reference first in even rounds), after one untimed warm-up of each: both see the
+    same prompts in the same minutes, so whatever else the machine does slows both alike (cached).
+
+    One row per (group, round): ``group``, ``round``, ``first`` (which ran first), ``method_s`` and ``ref_s``
+    (seconds of the decoding steps, prompt pass taken out within each run), ``steps`` (decoding steps timed,
+    all rows counted) and ``ratio`` = ref_s / method_s (the method's speed relative to the reference)."""
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    if not isinstance(batch, int) or not 1 <= batch <= len(es):
+        raise ValueError(f"batch must be an int in [1, {len(es)}] (the prompts in the set), got {batch!r}")
+    groups = [es.ids[i:i + batch] for i in range(0, len(es) - batch + 1, batch)]
+
+    def run(c, ids):
+        return decode(lm, ids, c, n_new, stop_at_eos=False)
+
+    def compute():
+        for ids in groups[:1]:                   # warm-up: first calls pay for allocations and packing
+            run(ref, ids), run(cfg, ids)
+        rows = []
+        for k in range(rounds):
+            for g, ids in enumerate(groups):
+                order = (("ref", ref), ("method", cfg)) if k % 2 == 0 else (("method", cfg), ("ref", ref))
+                got = {name: decode_seconds(run(c, ids)) for name, c in order}
+                rows.append({"group": g, "round": k, "first": order[0][0], "method_s": got["method"],
+                             "ref_s": got["ref"], "steps": len(ids) * (n_new - 1)})
+        return rows
+
+    params = {"prompts": es.spec, "n_new": n_new, "method": cfg.key(), "ref": ref.key(), "rounds": rounds,
+              "batch": batch, "threads": torch.get_num_threads()}
+    df = store.cached("paired_timing", params, compute, model=lm)
+    df["ratio"] = df["ref_s"] / df["method_s"]
+    return df
+
+
+def paired_ratio(runs: pd.DataFrame, seed: int = 0, n_boot: int = 2000) -> dict:
+    """The method's speed relative to its reference from :func:`paired_runs`: each group's median ratio over
+    rounds, their geometric mean over groups (``ratio``), and its 95% interval (``lo``, ``hi``: a bootstrap over
+    groups of the mean log ratio; with a single group, the spread of its rounds). ``verdict`` is "faster" or
+    "slower" only when the interval excludes 1.0, else "no different"; ``digits`` is how many decimals the
+    interval supports (its half-width to one significant figure)."""
+    import numpy as np
+
+    per = np.log(runs.groupby("group")["ratio"].median().to_numpy())
+    if len(per) > 1:
+        rng = np.random.default_rng(seed)
+        boots = per[rng.integers(0, len(per), (n_boot, len(per)))].mean(1)
+        lo, hi = np.quantile(boots, [0.025, 0.975])
+    else:
+        logs = np.log(runs["ratio"].to_numpy())
+        lo, hi = (np.quantile(logs, [0.025, 0.975]) if len(logs) > 1 else (logs[0], logs[0]))
+    m, lo, hi = float(np.exp(per.mean())), float(np.exp(lo)), float(np.exp(hi))
+    verdict = "faster" if lo > 1.0 else "slower" if hi < 1.0 else "no different"
+    half = max((hi - lo) / 2, 1e-12)
+    digits = max(0, min(3, -int(math.floor(math.log10(half)))))
+    return {"ratio": m, "lo": lo, "hi": hi, "verdict": verdict, "digits": digits, "groups": int(len(per)),
+            "rounds": int(runs["round"].nunique())}

@@ -14,7 +14,7 @@ full model's token; :func:`replay` runs a rule over them and returns
   common prefix is a common subsequence;
 * the per-token error rate and the mean exit over every token of the continuation;
 * the calls the engine would make over the whole continuation (its layers with lazy recompute riding along,
-  :func:`earlyexit.book.costs.simulate_calls`, plus the rule's decisions), for the cost model's speed.
+  :func:`earlyexit.experiments.costs.simulate_calls`, plus the rule's decisions), for the cost model's speed.
 
 That the replay reproduces the engine's exits and its first divergence is tested.
 """
@@ -27,7 +27,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import costmodel, store
+from . import costmodel
+from .. import store
 from .costs import simulate_calls
 
 RULES = ("softmax", "classifier", "saturation")

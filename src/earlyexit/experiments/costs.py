@@ -1,5 +1,5 @@
 """What decoding costs: in FLOPs (per-step breakdowns of a point table, the head in decoder layers), and in
-time, through the measured cost model (:mod:`earlyexit.book.costmodel`): predicted against measured for
+time, through the measured cost model (:mod:`earlyexit.experiments.costmodel`): predicted against measured for
 every timed run, and a run's time split into its parts."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from . import costmodel, metrics, store
+from . import costmodel, metrics
+from .. import store
 
 
 def flop_breakdown(lm, df: pd.DataFrame) -> pd.DataFrame:
@@ -44,7 +45,7 @@ def _phases(calls) -> dict:
 
 
 def predicted_seconds(calls, units: pd.DataFrame, phases=("prefill", "decode"), **kw) -> float:
-    """The cost model's time for the recorded ``calls`` (:func:`earlyexit.book.costmodel.predict`), over
+    """The cost model's time for the recorded ``calls`` (:func:`earlyexit.experiments.costmodel.predict`), over
     ``phases``."""
     c = _phases(calls)
     return float(sum(costmodel.predict(c.get(ph, {}), units, **kw)["total"] for ph in phases))
@@ -87,7 +88,7 @@ def validation(lm, units: pd.DataFrame, models=None) -> pd.DataFrame:
 
 
 def breakdown(calls, units: pd.DataFrame, per: float = 1.0, phases=("decode",)) -> dict:
-    """The predicted time of ``calls`` split into :data:`earlyexit.book.costmodel.PARTS`, divided by ``per``
+    """The predicted time of ``calls`` split into :data:`earlyexit.experiments.costmodel.PARTS`, divided by ``per``
     (e.g. the number of decoding steps, for seconds per token)."""
     c = _phases(calls)
     parts = dict.fromkeys((*costmodel.PARTS, "total"), 0.0)

@@ -16,9 +16,10 @@ import torch
 from ..engine.cache import STATE_NAMES
 from ..engine import DecodeConfig, decode
 from ..engine.adapter import unwrap
-from . import metrics, store
+from . import metrics
+from .. import store
 from .points import full_depth, point_params, split_ints
-from .prompts import EvalSet
+from .evalset import EvalSet
 
 
 def survival(df: pd.DataFrame, full: pd.DataFrame, L: int, horizon: int) -> pd.DataFrame:
@@ -45,7 +46,7 @@ def survival(df: pd.DataFrame, full: pd.DataFrame, L: int, horizon: int) -> pd.D
 
 def provenance_matrix(tr, b: int = 0, prompt_cols: int = 4) -> tuple[np.ndarray, int]:
     """The provenance map of row ``b`` (L, columns): the last ``prompt_cols`` prompt columns and every
-    generated column that was written. Returns (matrix of earlyexit.cache states, first column's
+    generated column that was written. Returns (matrix of earlyexit.engine.cache states, first column's
     offset relative to the first generated column).
     """
     P = tr.prompt_len

@@ -7,7 +7,7 @@ verification), the draft head d times (the full head, or a shortlist of K rows),
 once over d + 1 columns and the full head over d + 1 rows. If each draft is accepted with probability α,
 independently, a round emits ``τ(α, d) = 1 + α + … + α^d`` tokens (the accepted prefix and the full model's
 own next token). The speed-up over full depth is ``τ · T_full / T_round`` with both times predicted by
-:func:`earlyexit.book.costmodel.predict` from the unit costs measured on this machine, so the acceptance
+:func:`earlyexit.experiments.costmodel.predict` from the unit costs measured on this machine, so the acceptance
 that breaks even (speed-up 1.0×) or reaches a target (1.5×) follows from those units alone.
 
 Along one training run, the acceptance of a one-token draft at each E is measured at every kept checkpoint
@@ -46,16 +46,31 @@ def full_calls(L: int) -> dict:
     return {"layer:1": L, "head:out:1": 1, "steps": 1}
 
 
+def at_batch(calls: dict, batch: int) -> dict:
+    """``calls`` of one sequence as ``batch`` sequences decoding in step would make them: every layer call and head
+    read carries ``batch`` times the tokens or rows (the sequences are taken to draft and accept alike)."""
+    out = {}
+    for key, n in calls.items():
+        kind, *rest = key.split(":")
+        if kind == "layer":
+            rest = [str(int(x) * batch) for x in rest]
+        elif kind in ("head", "kv", "check"):
+            rest = rest[:-1] + [str(int(rest[-1]) * batch)]
+        k = ":".join([kind, *rest])
+        out[k] = out.get(k, 0) + n
+    return out
+
+
 def tokens_per_round(alpha, d: int):
     """``1 + α + … + α^d``: tokens a round emits when each draft is accepted with probability ``alpha``."""
     a = np.asarray(alpha, dtype=float)
     return sum(a ** i for i in range(d + 1))
 
 
-def _round_in_steps(L: int, E: int, d: int, units: pd.DataFrame, shortlist: bool, skip=()) -> float:
-    """T_round / T_full: what a round costs in full-depth decoding steps."""
-    t_full = costmodel.predict(full_calls(L), units)["total"]
-    return costmodel.predict(round_calls(L, E, d, shortlist, skip), units)["total"] / t_full
+def _round_in_steps(L: int, E: int, d: int, units: pd.DataFrame, shortlist: bool, skip=(), batch: int = 1) -> float:
+    """T_round / T_full: what a round costs in full-depth decoding steps (of ``batch`` sequences in step)."""
+    t_full = costmodel.predict(at_batch(full_calls(L), batch), units)["total"]
+    return costmodel.predict(at_batch(round_calls(L, E, d, shortlist, skip), batch), units)["total"] / t_full
 
 
 def speedup(alpha, L: int, E: int, d: int, units: pd.DataFrame, shortlist: bool = False, skip=()):
@@ -90,7 +105,7 @@ def along_training(recipes: dict, base, es, n_new: int, exits, device="cpu", dty
     """Acceptance of a one-token draft along each training run: for every recipe of ``recipes``
     ({name: Recipe}) and every step whose weights it kept (step 0: ``base``, the model it started from), the
     agreement of the exit after each layer of ``exits`` with the full model along that model's own greedy
-    output on ``es`` (:func:`earlyexit.book.probes.generated_agreement`). Rows: recipe, step, tokens
+    output on ``es`` (:func:`earlyexit.experiments.probes.generated_agreement`). Rows: recipe, step, tokens
     (training tokens seen), prompt, layer, agreement."""
     from ..training import checkpoints
     from .probes import generated_agreement
@@ -137,12 +152,14 @@ def predict_alpha(f: dict, tokens):
 
 def tokens_for(f: dict, alpha: float) -> float:
     """Training tokens at which the fitted line reaches ``alpha``: NaN when the fit does not rise (b ≤ 0)
-    or ``alpha`` is NaN (the target cannot be reached at any acceptance)."""
+    or ``alpha`` is NaN (the target cannot be reached at any acceptance); infinity when the line rises so
+    slowly that the number overflows a float (beyond any training run)."""
     if not (math.isfinite(f["b"]) and f["b"] > 0) or not math.isfinite(alpha):
         return float("nan")
     if alpha <= 0:
         return 0.0
-    return float(math.exp((float(_logit(alpha)) - f["a"]) / f["b"]))
+    z = (float(_logit(alpha)) - f["a"]) / f["b"]
+    return float(math.exp(z)) if z < 700 else float("inf")
 
 
 def extrapolate(acc: pd.DataFrame, need: pd.DataFrame) -> pd.DataFrame:
@@ -161,3 +178,26 @@ def extrapolate(acc: pd.DataFrame, need: pd.DataFrame) -> pd.DataFrame:
                          "tokens_now": int(now["tokens"]), "a": f["a"], "b": f["b"],
                          "tokens_needed": tokens_for(f, r.alpha)})
     return pd.DataFrame(rows)
+
+
+def speedup_at_rate(rate, L: int, E: int, d: int, units: pd.DataFrame, batch: int = 1, shortlist: bool = False):
+    """Predicted speed-up over full depth when a fraction ``rate`` of all drafts is accepted (accepted / drafted,
+    as LayerSkip's logs and :attr:`earlyexit.engine.Result.acceptance` report it): a round then emits
+    ``1 + d · rate`` tokens whatever the order of acceptances, so no independence is assumed. ``batch``: that
+    many sequences in step (:func:`at_batch`)."""
+    return (1 + d * np.asarray(rate, dtype=float)) / _round_in_steps(L, E, d, units, shortlist, batch=batch)
+
+
+def break_even_rate(L: int, E: int, d: int, units: pd.DataFrame, batch: int = 1, target: float = 1.0,
+                    shortlist: bool = False) -> float:
+    """The accepted share of drafts at which :func:`speedup_at_rate` reaches ``target``; NaN beyond every draft
+    accepted, 0 when even no acceptance reaches it."""
+    rate = (target * _round_in_steps(L, E, d, units, shortlist, batch=batch) - 1) / d
+    return float("nan") if rate > 1 else max(0.0, float(rate))
+
+
+def implied_rate(speedup: float, L: int, E: int, d: int, units: pd.DataFrame, batch: int = 1) -> float:
+    """The accepted share of drafts that a measured ``speedup`` implies under the cost model (NaN if none in
+    [0, 1] does)."""
+    r = break_even_rate(L, E, d, units, batch, target=speedup)
+    return r if r == r and 0.0 < r <= 1.0 else float("nan")

@@ -8,12 +8,12 @@ Every worker runs the same notebook code. Inside a worker (``EARLYEXIT_RANK=i``,
 environment), a sweep loop first computes its own share of the points (index ≡ rank mod world), then walks
 all points in order: points finished by other workers are read from the result store, points another worker
 is computing are waited for, and points nobody has started yet are claimed and computed (work stealing; see
-:mod:`earlyexit.claims`). So every worker ends with the whole table, and a rerun of the notebook alone
+:mod:`earlyexit.store.claims`). So every worker ends with the whole table, and a rerun of the notebook alone
 reads every point from the store. With one worker (the default) :func:`each` is a plain loop.
 
-Only the library's loops are sharded (:func:`earlyexit.book.points.sweep`, which the comparison chapter's
-:func:`~earlyexit.book.compare.method_points` uses, :func:`earlyexit.book.store.sweep` and
-:func:`earlyexit.book.drift.drift_point`); a notebook's own single points are computed by whichever worker
+Only the library's loops are sharded (:func:`earlyexit.experiments.points.sweep`, which the comparison chapter's
+:func:`~earlyexit.experiments.compare.method_points` uses, :func:`earlyexit.store.results.sweep` and
+:func:`earlyexit.experiments.drift.drift_point`); a notebook's own single points are computed by whichever worker
 gets there first, and the others wait for it.
 """
 from __future__ import annotations

@@ -371,3 +371,8 @@ def auc(scores, labels) -> float:
         return float("nan")
     ranks = pd.Series(s).rank(method="average").to_numpy()
     return float((ranks[y > 0.5].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def ci(s, v: str, fmt: str = "{:.2f}") -> str:
+    """'mean [lo, hi]' of value ``v`` from a summary row ``s`` (columns v, v_lo, v_hi)."""
+    return f"{fmt.format(s[v])} [{fmt.format(s[v + '_lo'])}, {fmt.format(s[v + '_hi'])}]"

@@ -1,0 +1,416 @@
+"""Chapter 7, self-speculative decoding, as its page shows it: the figures (each function returns one), the tables,
+and the sentences whose wording depends on a result (the ``*_notes`` functions return {glue key: value})."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ..book import figures, plots
+from ..experiments import budget, costmodel, points, trained
+from ..experiments.metrics import ci
+
+SPEED_GOAL, PEER_GOAL = 1.5, 1.3   # issue 5: speed-up over full depth, and over transformers' peer
+TOO_FAR = 1e12                      # tokens: an extension that far says only "not with this recipe at this scale"
+MODELS = ("released", "trained")
+
+
+def model_colors() -> dict:
+    """One colour per model, the same in every figure of the chapter."""
+    return dict(zip(MODELS, figures.palette(2)))
+
+
+def _yerr(df: pd.DataFrame, v: str) -> list:
+    return [df[v] - df[f"{v}_lo"], df[f"{v}_hi"] - df[v]]
+
+
+def _and(items) -> str:
+    """'1', '1 and 2', '1, 2 and 3'."""
+    items = [str(x) for x in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def sig1(x: float) -> str:
+    """``x`` rounded to one significant figure, large counts in words: 0.07, 7, 50,000, 3 million, 2 billion."""
+    if not (math.isfinite(x) and x > 0):
+        return f"{x:g}"
+    r = float(f"{x:.0e}")
+    for v, word in ((1e12, "trillion"), (1e9, "billion"), (1e6, "million")):
+        if r >= v:
+            return f"{r / v:g} {word}"
+    return f"{r:,.0f}" if r >= 1 else f"{r:g}"
+
+
+def acceptance_figure(gs: pd.DataFrame, acc: pd.DataFrame, drafts):
+    """Per layer, how often its exit agrees with the full model (``gs``: released and trained, 95% bands), and
+    the acceptance measured at each (E, d) (``acc``: markers)."""
+    mc = model_colors()
+    dc = dict(zip(drafts, figures.palette(len(drafts) + 2)[2:]))
+    fig, ax = figures.subplots(aspect=0.75)
+    for m in MODELS:
+        g = gs[gs.model == m]
+        ax.fill_between(g["layer"], g["lo"], g["hi"], color=mc[m], alpha=0.25, lw=0)
+        ax.plot(g["layer"], g["mean"], color=mc[m], lw=1.2, label=f"{m}: one-token agreement")
+    for d, mk in zip(drafts, "sDv^<>"):
+        a = acc[acc.d == d]
+        ax.errorbar(a["E"], a["acceptance"], yerr=_yerr(a, "acceptance"), fmt=mk, color=dc[d], ms=4, capsize=1.5,
+                    lw=0.8, label=f"trained: measured acceptance, d = {d}")
+    ax.set(xlabel="draft depth E (layers)", ylabel="fraction of drafts accepted", ylim=(0, 1.02))
+    ax.legend(loc="upper left", fontsize=6)
+    return fig
+
+
+def speed_map(sp: pd.DataFrame, exits, drafts, peer: bool):
+    """Heat maps over (E, d) of the speed-up over full depth and, with ``peer``, of ours against transformers'
+    assistant_early_exit (log2 colour scale, the ratio written in each cell)."""
+    ncol = 2 if peer else 1
+    fig, axes = figures.subplots(1, ncol, width=figures.FULL_WIDTH * (0.8 if ncol == 2 else 0.45), aspect=0.8,
+                                 squeeze=False)
+    panels = [("speedup", "(a) speed-up over full depth")] + ([("vs_hf", "(b) ours vs transformers")] if peer else [])
+    for ax, (col, title) in zip(axes[0], panels):
+        m = sp.pivot(index="E", columns="d", values=col).loc[exits, drafts]
+        lim = max(abs(np.log2(m.to_numpy())).max(), 0.2)
+        im = ax.imshow(np.log2(m.to_numpy()), cmap="PuOr", vmin=-lim, vmax=lim, aspect="auto", origin="lower")
+        for i, E in enumerate(exits):
+            for j, d in enumerate(drafts):
+                ax.text(j, i, f"{m.loc[E, d]:.2f}×", ha="center", va="center", fontsize=7,
+                        color="white" if abs(np.log2(m.loc[E, d])) > 0.55 * lim else "black")
+        ax.set_xticks(range(len(drafts)), drafts)
+        ax.set_yticks(range(len(exits)), exits)
+        ax.set(xlabel="draft length d (tokens)", ylabel="draft depth E (layers)", title=title)
+        fig.colorbar(im, ax=ax, shrink=0.8).set_label("speed ratio (log2 colour scale)")
+    return fig
+
+
+def meets(x: float, goal: float) -> str:
+    """Whether ``x`` reaches ``goal``, as the verb the page prints."""
+    return "meets" if x >= goal else "misses"
+
+
+def spec_verdict(speedup: float, goal: float = SPEED_GOAL) -> str:
+    """What the best point's speed-up says of self-speculation on this machine."""
+    if speedup < 1:
+        return "still leaves self-speculation slower than full depth"
+    return "gives a speed-up, but a modest one" if speedup < goal else "gives the speed-up the method promises"
+
+
+def speed_notes(best: pd.Series, grid: pd.DataFrame, sp: pd.DataFrame, eng_hf: pd.DataFrame | None,
+                head_layers: float) -> dict:
+    """The fastest point (``best``, a row of the speed summary ``sp``) against full depth and against
+    transformers' assistant_early_exit, and how much of the latter is the engine (``eng_hf``: our full depth
+    against transformers' plain generate; None when the peer was not timed)."""
+    bg = grid[(grid.E == int(best["E"])) & (grid.d == int(best["d"]))]
+    out = {f"best_{k}": float(best[v]) for k, v in (("speedup", "speedup"), ("speedup_lo", "speedup_lo"),
+           ("speedup_hi", "speedup_hi"), ("acc", "acceptance"), ("layers", "layers"), ("tpr", "tokens_per_round"))}
+    out.update({"best_E": int(best["E"]), "best_d": int(best["d"]), "n_lossless": int(grid["lossless"].sum()),
+                "n_runs": int(len(grid)), "speed_goal_x": SPEED_GOAL, "peer_goal_x": PEER_GOAL,
+                "speed_goal": meets(best["speedup"], SPEED_GOAL), "spec_verdict": spec_verdict(best["speedup"]),
+                "full_tps": float(bg["full_tok_s"].mean()), "spec_tps": float(bg["spec_tok_s"].mean()),
+                "head_layers": head_layers})
+    if eng_hf is None:
+        return {**out, "hf_goal": "was not measured against", **dict.fromkeys((
+            "hf_lossless", "best_vs_hf", "best_vs_hf_lo", "best_vs_hf_hi", "vs_hf_min", "vs_hf_max", "hf_tps",
+            "engine_vs_hf", "method_vs_hf", "hf_gen_lossless"), float("nan"))}
+    engine = float((eng_hf["seconds"] / eng_hf["full_s"]).mean())
+    return {**out, "hf_lossless": int(grid["hf_lossless"].astype(bool).sum()), "best_vs_hf": float(best["vs_hf"]),
+            "best_vs_hf_lo": float(best["vs_hf_lo"]), "best_vs_hf_hi": float(best["vs_hf_hi"]),
+            "vs_hf_min": float(sp["vs_hf"].min()), "vs_hf_max": float(sp["vs_hf"].max()),
+            "hf_goal": meets(best["vs_hf"], PEER_GOAL), "hf_tps": float(bg["hf_tok_s"].mean()),
+            "engine_vs_hf": engine, "method_vs_hf": float(best["vs_hf"]) / engine,
+            "hf_gen_lossless": int(eng_hf["lossless"].sum())}
+
+
+def shortlist_notes(lm, K: int, full: pd.DataFrame) -> dict:
+    """The share of the training stream and of the greedy tokens of ``full`` that the shortlist of ``K`` covers."""
+    from ..corpus import token_counts
+    from ..engine.adapter import adapter
+    from ..engine.speculative import shortlist_ids
+
+    short = set(shortlist_ids(lm, adapter(lm), K).tolist())
+    tc = token_counts(lm.tokenizer)
+    toks = [t for s in full["tokens"] for t in points.split_ints(s)]
+    return {"short_cover_stream": float(tc[sorted(short)].sum() / tc.sum()),
+            "short_cover_full": float(np.mean([t in short for t in toks]))}
+
+
+def variants_table(vs: pd.DataFrame, vr: pd.DataFrame):
+    """The four drafts as the page shows them."""
+    return pd.DataFrame({"draft": list(vs.index),
+                         "speed-up over full depth [95% CI]": [ci(vs.loc[n], "speedup") for n in vs.index],
+                         "acceptance": [f"{vs.loc[n, 'acceptance']:.0%}" for n in vs.index],
+                         "tokens per round": [f"{vs.loc[n, 'tokens_per_round']:.2f}" for n in vs.index],
+                         "lossless": [f"{int(vr[vr.variant == n]['lossless'].sum())}/{int((vr.variant == n).sum())}"
+                                      for n in vs.index]}).style.hide(axis="index")
+
+
+def budget_figure(acc_t, at, ext, need, exits, runs, shortlist: bool):
+    """Per draft depth, the acceptance along each continual run (``at``) with its fitted line extended (``ext``),
+    the released model's, and the acceptance a round needs for 1.0× and :data:`SPEED_GOAL` (``need``)."""
+    pal = figures.palette(10)  # blue, orange, green, then purple and brown: the vermilion reads too close to the orange
+    rc = {k: pal[i] for k, i in zip(runs, (0, 1, 2, 4, 5, 6, 7))}
+    fig, axes = figures.subplots(1, len(exits), width=figures.FULL_WIDTH, aspect=1.15, squeeze=False, sharey=True)
+    t_max = float(acc_t["tokens"].max())
+    for ax, E in zip(axes[0], exits):
+        ax.axhline(float(acc_t[(acc_t.step == 0) & (acc_t.layer == E)]["agreement"].mean()), color="0.4", lw=0.8,
+                   ls=":", label="released (no training)")
+        for k in runs:
+            g = at[(at.recipe == k) & (at.layer == E)]
+            ax.fill_between(g["tokens"], g["lo"], g["hi"], color=rc[k], alpha=0.2, lw=0)
+            ax.plot(g["tokens"], g["mean"], marker="o", ms=3, color=rc[k], label=trained.RUN_NAMES.get(k, k))
+            f = ext[(ext.recipe == k) & (ext.E == E)].iloc[0]
+            xs = np.geomspace(max(g["tokens"].min(), 1), t_max * 1e4, 50)
+            ax.plot(xs, budget.predict_alpha({"a": f.a, "b": f.b}, xs), color=rc[k], lw=0.8, ls="--")
+        n = need[(need.E == E) & (need.shortlist == shortlist)]
+        for tgt, ls in ((1.0, "-"), (SPEED_GOAL, "-.")):
+            a = n[n.target == tgt]["alpha"].min()
+            if np.isfinite(a):
+                ax.axhline(a, color="k", lw=0.9, ls=ls, label=f"needed for {tgt:.1f}x (cheapest d)")
+        ax.set(xscale="log", xlabel="training tokens", title=f"E = {E}", ylim=(0, 1.02))
+    axes[0][0].set(ylabel="acceptance of a one-token draft")
+    hl = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            hl.setdefault(lab, h)
+    fig.legend(hl.values(), hl.keys(), loc="outside lower center", ncol=3, fontsize=6, frameon=False)
+    return fig
+
+
+def ceiling(L: int, exits, drafts, units, shortlist: bool) -> tuple[float, int, int]:
+    """(speed-up, E, d) of the fastest round swept if every draft were accepted."""
+    return max((float(budget.speedup(1.0, L, E, d, units, shortlist)), E, d) for E in exits for d in drafts)
+
+
+def ceil_reason(ceil: tuple, goal: float = SPEED_GOAL) -> str:
+    """Why the target is or is not within reach of acceptance alone (``ceil`` from :func:`ceiling`)."""
+    s, E, d = ceil
+    if s < goal:
+        return (f"The reason is in the table's second column: even if every draft were accepted, a round at the "
+                f"draft depths and lengths swept could not go faster than {s:.2f}× full depth (at E = {E}, d = {d}), "
+                f"because on this CPU the draft's own layers and heads and the verification pass cost nearly as "
+                f"much as the tokens they save.")
+    return (f"The table's second column is the ceiling: a round whose drafts were all accepted would run at up to "
+            f"{s:.2f}× full depth (at E = {E}, d = {d}); what stands between the trained model and it is the "
+            f"acceptance, which only training buys.")
+
+
+def need_sentence(n: pd.DataFrame, target: float | None = None) -> str:
+    """The acceptance each (E, d) of ``n`` needs; with ``target``, as "for 1.5× it needs ..." or that none does."""
+    listed = "; ".join(f"{r.alpha:.2f} at E = {int(r.E)}, d = {int(r.d)}" if np.isfinite(r.alpha)
+                       else f"none at E = {int(r.E)}, d = {int(r.d)}" for r in n.itertuples())
+    if target is None:
+        return listed
+    if n["alpha"].isna().all():
+        return f"no acceptance gives {target:.1f}× at any of these depths and lengths"
+    return f"for {target:.1f}× it needs {listed}"
+
+
+def training_needed(rows: pd.DataFrame, t_max: float, tok_step: float, s_step: float, ceil: tuple) -> str:
+    """What a target would take in training, as the object of "would take ...": ``rows`` are
+    :func:`~earlyexit.experiments.budget.extrapolate`'s for one target and head (every run, E and d),
+    ``t_max`` the tokens chapter 6 trained on, ``tok_step`` and ``s_step`` its tokens and seconds a step."""
+    reached = rows[rows["alpha_now"] >= rows["alpha_needed"]]
+    if len(reached):
+        r = reached.loc[(reached["alpha_now"] - reached["alpha_needed"]).idxmax()]
+        return (f"no more training than chapter 6's: after its {t_max:,.0f} tokens {_run(r)} already accepts "
+                f"{r.alpha_now:.2f} of its drafts, where {r.alpha_needed:.2f} is needed")
+    if rows["alpha_needed"].isna().all():
+        return (f"no amount of training: it is out of reach at any acceptance, since even a round whose drafts are "
+                f"all accepted is predicted at {ceil[0]:.2f}× at best among the draft depths and lengths swept "
+                f"(E = {ceil[1]}, d = {ceil[2]})")
+    x = rows[rows["tokens_needed"] <= TOO_FAR]
+    if not len(x):
+        return (f"more training than the fits can say: no fitted line reaches it within {sig1(TOO_FAR)} tokens "
+                f"(or the acceptance does not grow along it), so there is no useful extrapolation")
+    r = x.loc[x["tokens_needed"].idxmin()]
+    if r.tokens_needed <= t_max:
+        return (f"about {sig1(r.tokens_needed)} training tokens by the fitted line for {_run(r)}, within the "
+                f"{t_max:,.0f} chapter 6 trained on, although its last checkpoint still accepts only "
+                f"{r.alpha_now:.2f} where {r.alpha_needed:.2f} is needed")
+    days = r.tokens_needed / tok_step * s_step / 86400
+    return (f"about {sig1(r.tokens_needed)} training tokens for {_run(r)}, {sig1(r.tokens_needed / t_max)} times "
+            f"the {t_max:,.0f} chapter 6 trained on and some {sig1(days)} days of training at this machine's "
+            f"{s_step:.1f} s a step: an extrapolation beyond the measured range, which holds only if the fitted "
+            f"trend does")
+
+
+def _run(r) -> str:
+    return f"{trained.SHORT_NAMES.get(r.recipe, r.recipe)} at E = {int(r.E)}, d = {int(r.d)}"
+
+
+def budget_notes(acc_t, need, ext, units, L: int, exits, drafts, best: tuple, shortlist: bool,
+                 s_step: float, tok_step: float) -> dict:
+    """The budget section's numbers and sentences: acceptance needed at the ``best`` (E, d) and reached, the
+    ceiling, and what break-even and :data:`SPEED_GOAL` would take in training."""
+    t_max = float(acc_t["tokens"].max())
+    ceil = ceiling(L, exits, drafts, units, shortlist)
+    e = ext[(ext.shortlist == shortlist) & (ext.recipe == "layerskip") & (ext.E == best[0]) & (ext.d == best[1])]
+    be = e[e.target == 1.0].iloc[0]
+    out = {"n_snap": int(acc_t[acc_t.step > 0][["recipe", "step"]].drop_duplicates().groupby("recipe").size().max()),
+           "budget_tokens": int(t_max), "be_x": 1.0, "train_s_step": s_step, "be_need_best": float(be.alpha_needed),
+           "be_now_best": float(be.alpha_now), "ceil_reason": ceil_reason(ceil)}
+    for k, tgt in (("be", 1.0), ("goal", SPEED_GOAL)):
+        out[f"need_{k}_str"] = need_sentence(need[(need.shortlist == shortlist) & (need.target == tgt)],
+                                             tgt if k == "goal" else None)
+        out[f"x_{k}_str"] = training_needed(ext[(ext.shortlist == shortlist) & (ext.target == tgt)], t_max,
+                                            tok_step, s_step, ceil)
+    return out
+
+
+def budget_table(ext, units, L: int, runs, shortlist: bool):
+    """Per (E, d): the speed-up if every draft were accepted, the acceptance break-even needs, and for each
+    run its acceptance now and the training tokens its fitted line needs to get there."""
+    rows = []
+    for (E, d), g in ext[(ext.shortlist == shortlist) & (ext.target == 1.0)].groupby(["E", "d"]):
+        a = g["alpha_needed"].iloc[0]
+        r = {"draft": f"E = {int(E)}, d = {int(d)}",
+             "speed-up if every draft is accepted": f"{float(budget.speedup(1.0, L, int(E), int(d), units, shortlist)):.2f}x",
+             "acceptance needed for 1.0x": f"{a:.2f}" if np.isfinite(a) else "out of reach"}
+        for k in runs:
+            x = g[g.recipe == k].iloc[0]
+            t = x.tokens_needed
+            r[f"{trained.SHORT_NAMES.get(k, k)}: now, tokens for 1.0x"] = f"{x.alpha_now:.2f}, " + (
+                f"{t:.0e}" if t <= TOO_FAR else f"beyond {TOO_FAR:.0e}" if not np.isnan(t) else "no rise")
+        rows.append(r)
+    return pd.DataFrame(rows).style.hide(axis="index")
+
+
+def skip_figure(searches: dict, ss: pd.DataFrame, skip_n, skip_d, K: int | None):
+    """(a) the predictions kept as the greedy search leaves out one more layer; (b) the speed-up of decoding
+    with those layers left out, per model (colour) and d (line style); ``K``: the shortlist head's rows."""
+    mc, dls = model_colors(), dict(zip(skip_d, ["-", "--", ":", "-."]))
+    fig, axes = figures.subplots(1, 2, width=figures.FULL_WIDTH * 0.8, aspect=0.55)
+    for name in MODELS:
+        s = searches[name]
+        axes[0].plot(s["n_skip"], s["agreement"], marker="o", ms=3, color=mc[name], label=name)
+        for d in skip_d:
+            r = ss[(ss.model == name) & (ss.d == d)]
+            axes[1].errorbar(r["n_skip"], r["speedup"], yerr=_yerr(r, "speedup"), fmt="o", ls=dls[d], ms=4,
+                             capsize=1.5, lw=0.8, color=mc[name], label=f"{name}, d = {d}")
+    axes[0].set(xlabel="layers left out (greedy order)", ylabel="next-token predictions kept", ylim=(0, 1.02),
+                title="(a) the search, on training text")
+    axes[1].axhline(1.0, color="0.5", lw=0.6, ls="--")
+    axes[1].set(xlabel="layers left out", ylabel="speed-up over full depth (×)",
+                title="(b) decoding" + (f", shortlist head K = {K}" if K else ""))
+    axes[1].set_xticks(skip_n)
+    handles, labels = axes[1].get_legend_handles_labels()        # colour: the model; line style: d
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=6, frameon=False)
+    return fig
+
+
+def skip_table(ss: pd.DataFrame, sk: pd.DataFrame):
+    """The training-free drafters as the page shows them, one table a model (``ss``: summary, ``sk``: runs)."""
+    n = sk.groupby(["model", "n_skip", "d"])["lossless"].agg(["sum", "size"])
+    return plots.split_by(pd.DataFrame({"model": ss["model"], "layers left out, draft length d": [
+        f"{int(k)} from layer {int(s0)}, d = {int(d)}" for k, s0, d in zip(ss["n_skip"], ss["s0"], ss["d"])],
+                         "predictions kept": [f"{a:.0%}" for a in ss["agreement"]],
+                         "acceptance": [f"{a:.0%}" for a in ss["acceptance"]],
+                         "needed for 1.0×": [f"{a:.0%}" if np.isfinite(a) else "out of reach" for a in ss["need"]],
+                         "speed-up [95% CI]": [ci(r, "speedup") for _, r in ss.iterrows()],
+                         "cost model's speed-up": [f"{a:.2f}" for a in ss["predicted"]],
+                         "lossless": [f"{int(n.loc[k, 'sum'])}/{int(n.loc[k, 'size'])}"
+                                      for k in zip(ss["model"], ss["n_skip"], ss["d"])]}), "model")
+
+
+def versus_full(lo: float, hi: float) -> str:
+    """A speed-up's 95% interval against full depth, in words."""
+    return "faster than full depth" if lo > 1 else ("not measurably different from full depth" if hi >= 1
+                                                    else "slower than full depth")
+
+
+def skip_notes(searches: dict, sets: dict, ss: pd.DataFrame, sk: pd.DataFrame, skip_n, skip_d, units, L: int,
+               shortlist: int) -> dict:
+    """The training-free drafter: what the search keeps, the fastest drafter, what a draft and a verification
+    cost in full-depth steps by the cost model, and the model's median error against the measurement."""
+    n_lo, n_hi = skip_n[0], skip_n[-1]
+    kept = searches["released"].set_index("n_skip")["agreement"]
+    order = [set(x.split()) for x in searches["released"].sort_values("n_skip")["skip"]]
+    top = ss.loc[ss["speedup"].idxmax()]
+    out = {f"skip_best_{k}": float(top[v]) for k, v in (("speed", "speedup"), ("lo", "speedup_lo"),
+                                                         ("hi", "speedup_hi"), ("acc", "acceptance"), ("need", "need"))}
+    for name in MODELS:
+        r = ss[ss.model == name].loc[lambda x: x["speedup"].idxmax()]
+        out.update({f"skip_{name}_best_speed": float(r["speedup"]),
+                    f"skip_{name}_best_label": f"{int(r['n_skip'])} layers out, d = {int(r['d'])}"})
+
+    def t(calls):                                         # predicted seconds of these calls
+        return costmodel.predict(calls, units)["total"]
+
+    return {**out, "skip_d_str": _and(skip_d), "skip_lo": n_lo, "skip_hi": n_hi,
+            "skip_head": f"the shortlist head ({shortlist:,d} rows)" if shortlist else "the full head",
+            "skip_agree_lo": float(kept[n_lo]), "skip_agree_hi": float(kept[n_hi]),
+            "skip_set_hi": ", ".join(map(str, sets["released"][n_hi])),
+            "skip_order_hi": ", ".join(next(iter(b - a)) for a, b in zip(order, order[1:n_hi + 1])),
+            "c_ratio2": t({"layer:2": 1}) / t({"layer:1": 1}),  # one layer over two columns against one
+            "verify_steps": t({"layer:2": L, "head:verify:2": 1, "steps": 1}) / t(budget.full_calls(L)),
+            "skip_best_draft_steps": t({"layer:1": L - int(top["n_skip"]),
+                                        f"head:{'draft_short' if shortlist else 'draft'}:1": 1}) / t(budget.full_calls(L)),
+            "skip_best_model": str(top["model"]), "skip_best_n": int(top["n_skip"]), "skip_best_d": int(top["d"]),
+            "skip_lossless": int(sk["lossless"].sum()), "skip_runs": int(len(sk)),
+            "skip_verdict": versus_full(top["speedup_lo"], top["speedup_hi"]),
+            "skip_pred_err": f"{(ss['predicted'] / ss['speedup'] - 1).abs().median():.0%}"}
+
+
+def economize_table(p2, lossless2, pairs: dict, error: str = ""):
+    """Ours and economize's drafters side by side; the error when economize did not run."""
+    if p2 is None:
+        return pd.DataFrame({"economize": [error]}).style.hide(axis="index")
+    return pd.DataFrame([{"drafter": k, "decoder": who, "speed-up over full depth [95% CI]": ci(p2.loc[(k, who)], "speedup"),
+                          "acceptance": f"{p2.loc[(k, who), 'acceptance']:.0%}",
+                          "lossless": f"{int(lossless2.loc[(k, who), 'sum'])}/{int(lossless2.loc[(k, who), 'size'])}"}
+                         for k in pairs for who in ("ours", "economize")]).style.hide(axis="index")
+
+
+def economize_notes(p2, lossless2, pairs: dict, error: str, skip_top: pd.Series, n_prompts: int) -> dict:
+    """economize's fastest drafter against ours; when our fastest is the layer-skip drafter timed in the section
+    before (``skip_top``), how much two timings of one configuration differ."""
+    if p2 is None:
+        return {"eco_best": "none", "eco_ours_best": "none", "eco_runs": f"did not run here ({error})",
+                **dict.fromkeys(("eco_best_speed", "eco_ours_best_speed", "eco_ratio"), float("nan")),
+                "eco_lossless": 0, "eco_n": 0, "eco_same_note": ""}
+    eco, ours = p2.xs("economize", level="who"), p2.xs("ours", level="who")
+    eb, ob = eco["speedup"].idxmax(), ours["speedup"].idxmax()
+    el = lossless2.xs("economize", level="who")
+    same = (f" Timed on its own in the previous section, the same drafter ran at {float(skip_top['speedup']):.2f}×: "
+            f"two timings of one configuration on {n_prompts} prompts differ by that much, which is why the "
+            f"intervals matter.") if ob == list(pairs)[-1] else ""
+    return {"eco_runs": "runs here unchanged, on the same weights, prompts and thread count", "eco_best": eb,
+            "eco_best_speed": float(eco.loc[eb, "speedup"]), "eco_lossless": int(el["sum"].sum()),
+            "eco_n": int(el["size"].sum()), "eco_ours_best": ob, "eco_ours_best_speed": float(ours.loc[ob, "speedup"]),
+            "eco_ratio": float(ours.loc[ob, "speedup"] / eco.loc[eb, "speedup"]), "eco_same_note": same}
+
+
+def claim_notes(candidates: list, need: pd.DataFrame, shortlist: bool, goal: float = SPEED_GOAL) -> dict:
+    """The opening's claims: the fastest of the ``candidates`` ((speed-up, name, lo, hi) each) against full depth
+    and the target, and the acceptance the target would take with a draft from layer E (``need``)."""
+    speed, name, lo, hi = max(candidates)
+    claim = (f"the fastest drafter is “{name}”, at {speed:.2f}× full depth (95% interval {lo:.2f} to {hi:.2f}: "
+             f"{versus_full(lo, hi)})" + (f", short of the {goal:.1f}× target" if speed < goal else ""))
+    n = need[(need.shortlist == shortlist) & (need.target == goal)]
+    if n["alpha"].isna().all():
+        goal_s = f"no acceptance at all reaches {goal:.1f}× with a draft from layer E"
+    else:
+        g = n.loc[n["alpha"].idxmin()]
+        goal_s = (f"{goal:.1f}× would take an acceptance of {g.alpha:.2f} (E = {int(g.E)}, d = {int(g.d)}, "
+                  f"{'shortlist' if shortlist else 'full'} head)")
+    return {"all_best_speed": speed, "claim_speed": claim, "claim_goal": goal_s}
+
+
+def strategies_figure(summ: pd.DataFrame, strategies, rule: str):
+    """Consistency against layers per token of the ``rule`` rule (thresholds) and oracle exits under each cache
+    strategy, (a) released, (b) trained."""
+    sc = dict(zip(strategies, figures.palette(3)))
+    fig, axes = figures.subplots(1, 2, width=figures.FULL_WIDTH, aspect=0.75, sharey=True)
+    for ax, m in zip(axes, MODELS):
+        s = summ[(summ.model == m) & (summ.rule != "oracle")]
+        plots.plot_tradeoff(ax, s, "layers", "rouge_full", colors=sc, labels={k: f"{rule}, {k}" for k in strategies})
+        o = summ[(summ.model == m) & (summ.rule == "oracle")]
+        for k in strategies:
+            r = o[o.strategy == k]
+            ax.errorbar(r["layers"], r["rouge_full"], yerr=_yerr(r, "rouge_full"), fmt="^", color=sc[k], mfc="white",
+                        ms=5, lw=0.8, capsize=1.5, label=f"oracle exits, {k}")
+        ax.set(xlabel="decoder layers per token", ylabel="ROUGE-L vs full depth",
+               title=f"({'ab'[m == 'trained']}) {m}", ylim=(0, 1.05))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3)
+    return fig

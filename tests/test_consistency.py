@@ -1,0 +1,21 @@
+"""The cross-page check: a fact glued on two pages has one value; a page made inconsistent on purpose fails it."""
+import json
+
+from earlyexit.book import consistency
+
+
+def _nb(path, values: dict):
+    outs = [{"output_type": "display_data", "metadata": {"scrapbook": {"name": k, "mime_prefix": ""}},
+             "data": {"text/plain": v}} for k, v in values.items()]
+    path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": "", "outputs": outs}]}))
+
+
+def test_shared_facts_agree_and_a_changed_one_is_named(tmp_path):
+    _nb(tmp_path / "02_a.ipynb", {"head_layers": "7.8", "threshold": "0.9", "fig_sweep": "<Figure size 1x1>",
+                                   "fig_sweep_cite": "'Files: figures/02_sweep.pdf'"})
+    _nb(tmp_path / "04_b.ipynb", {"head_layers": "7.8", "fig_sweep": "<Figure size 2x2>",
+                                   "fig_sweep_cite": "'Files: figures/04_sweep.pdf'"})
+    assert consistency.check(["02_a", "04_b", "99_not_run"], tmp_path) == []
+    _nb(tmp_path / "04_b.ipynb", {"head_layers": "7.3"})          # the same fact, another value: made on purpose
+    problems = consistency.check(["02_a", "04_b"], tmp_path)
+    assert len(problems) == 1 and "'head_layers' has 2 values" in problems[0] and "02_a: 7.8" in problems[0]

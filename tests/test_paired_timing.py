@@ -1,0 +1,66 @@
+"""Paired timing: the method and its reference alternate on the same prompts in the same minutes; the ratio per
+prompt, its interval over prompts, and a verdict only when the interval excludes 1."""
+import math
+
+import pandas as pd
+import pytest
+
+from earlyexit.engine import DecodeConfig, decode
+from earlyexit.engine.models import load_model
+from earlyexit.experiments import evalset, timing
+
+
+def _runs(ratios_by_group, rounds=3):
+    rows = []
+    for g, ratios in enumerate(ratios_by_group):
+        for k in range(rounds):
+            r = ratios[k % len(ratios)]
+            rows.append({"group": g, "round": k, "first": "ref" if k % 2 == 0 else "method", "method_s": 1.0 / r,
+                         "ref_s": 1.0, "steps": 7, "ratio": r})
+    return pd.DataFrame(rows)
+
+
+def test_the_same_work_reads_as_no_different():
+    s = timing.paired_ratio(_runs([[0.97, 1.02, 0.99], [1.03, 0.99, 1.02], [0.98, 0.97, 1.02], [1.0, 1.01, 0.99]]))
+    assert s["lo"] < 1.0 < s["hi"] and s["verdict"] == "no different"
+    assert s["groups"] == 4 and s["rounds"] == 3
+
+
+def test_a_clear_speed_up_or_slow_down_reads_as_such():
+    fast = timing.paired_ratio(_runs([[1.30, 1.32], [1.28, 1.31], [1.33, 1.29], [1.31, 1.30]]))
+    assert fast["verdict"] == "faster" and fast["lo"] > 1.2 and fast["ratio"] == pytest.approx(1.305, abs=0.01)
+    slow = timing.paired_ratio(_runs([[0.5, 0.52], [0.49, 0.5], [0.51, 0.5]]))
+    assert slow["verdict"] == "slower" and slow["hi"] < 1.0
+
+
+def test_the_ratio_is_a_geometric_mean_of_per_group_medians():
+    s = timing.paired_ratio(_runs([[2.0, 2.0, 100.0], [0.5, 0.5, 0.5]]))   # an outlier round does not count
+    assert s["ratio"] == pytest.approx(1.0)
+
+
+def test_digits_follow_the_interval():
+    wide = timing.paired_ratio(_runs([[0.6], [1.5], [0.9], [1.3]], rounds=1))
+    narrow = timing.paired_ratio(_runs([[1.001], [1.002], [0.999], [1.0]], rounds=1))
+    assert wide["digits"] <= 1 < narrow["digits"]
+
+
+def test_paired_runs_alternate_and_take_the_prompt_pass_out(tmp_path, monkeypatch):
+    monkeypatch.setattr("earlyexit.paths.CACHE", tmp_path)
+    lm = load_model("tiny-llama")
+    es = evalset.eval_set(lm, "mix", 4, 0, 64)
+    cfg = DecodeConfig.early_exit("static", "copy-forward", layer=3)
+    runs = timing.paired_runs(lm, es, 6, cfg, rounds=2, batch=1)
+    assert len(runs) == 4 * 2 and set(runs["group"]) == {0, 1, 2, 3}
+    assert list(runs[runs.group == 0]["first"]) == ["ref", "method"], "the order alternates by round"
+    assert (runs["method_s"] > 0).all() and (runs["ref_s"] > 0).all() and (runs["steps"] == 5).all()
+    batched = timing.paired_runs(lm, es, 6, cfg, rounds=1, batch=2)
+    assert len(batched) == 2 and (batched["steps"] == 10).all()
+    with pytest.raises(ValueError, match=r"batch must be an int in \[1, 4\]"):
+        timing.paired_runs(lm, es, 6, cfg, batch=5)
+    # the prompt pass is measured inside the run and taken out
+    r = decode(lm, es.ids[:1], cfg, 6, stop_at_eos=False)
+    assert 0 < r.meta["prefill_s"] < r.wall_s and timing.decode_seconds(r) == pytest.approx(r.wall_s - r.meta["prefill_s"])
+    sp = decode(lm, es.ids[:1], DecodeConfig.self_speculation(3, 2), 6, stop_at_eos=False)
+    assert 0 < sp.meta["prefill_s"] < sp.wall_s
+    hf = decode(lm, es.ids[:1], DecodeConfig.hf_generate(), 6, stop_at_eos=False)
+    assert math.isnan(hf.meta["prefill_s"]) and timing.decode_seconds(hf) == hf.wall_s
