@@ -59,12 +59,15 @@ def test_op_rouge_sentence_each_branch():
         "is +0.20 (+0.10 to +0.30): even with the rule's own wrong exits (chapter 2) the choice of cache shows.")
 
 
-def test_speed_verdict_slower_faster_about_and_same():
-    assert ch03.speed_verdict(8.99, 19.07) == \
-        "It is slower than not exiting at all: 9.0 tokens/s against 19.1 at full depth."
-    assert ch03.speed_verdict(30.0, 19.07).startswith("It is still faster than not exiting at all: 30.0 tokens/s")
-    assert ch03.speed_verdict(19.5, 19.07).startswith("It runs about as fast as not exiting at all: 19.5 tokens/s")
-    assert ch03.speed_verdict(19.07, 19.08) == "It runs as fast as not exiting at all: 19.1 tokens/s, as at full depth."
+def test_speed_verdict_slower_faster_and_no_different():
+    def sp(r, lo, hi, v):
+        return {"ratio": r, "lo": lo, "hi": hi, "verdict": v, "digits": 2}
+    assert ch03.speed_verdict(sp(0.47, 0.44, 0.5, "slower")) == \
+        "It is slower than not exiting at all: 0.47× [0.44, 0.50] the speed of full depth."
+    assert ch03.speed_verdict(sp(1.3, 1.2, 1.4, "faster")).startswith("It is still faster than not exiting at all: 1.30×")
+    assert ch03.speed_verdict(sp(1.01, 0.95, 1.08, "no different")) == (
+        "It runs about as fast as not exiting at all: 1.01× [0.95, 1.08] the speed of full depth, an interval that "
+        "holds 1.")
 
 
 def test_unrestricted_sentence_cost_and_worth():
@@ -112,9 +115,11 @@ def test_drift_and_decide_tables_say_n_a_where_a_cache_makes_no_copies():
     assert "n/a" in html and ">nan<" not in html and "k_err" not in html
     q = pd.DataFrame({"layers": [30.0, 20.0], "head_checks": [1.0, 9.0], "flop_fraction": [1.0, 0.9],
                       "rouge_full": [1.0, 0.8]}, index=["full depth", "softmax"])
-    ts = pd.DataFrame({"mean": [20.0, 15.0]}, index=["full depth", "softmax"])
+    ts = pd.DataFrame({"ratio": [1.0, 0.75], "lo": [0.96, 0.7], "hi": [1.04, 0.8], "verdict": ["no different", "slower"],
+                       "digits": [2, 2]}, index=["full depth", "softmax"])
     d = ch03.decide_table(q, ts, ["full depth", "softmax"]).data
     assert list(d["how the exit is decided"]) == ["full depth", "softmax"] and list(d.index) == [0, 1]
+    assert list(d["speed / full depth [95% CI]"]) == ["1.00× [0.96, 1.04]", "0.75× [0.70, 0.80]"]
 
 
 def test_windows_and_error_series():

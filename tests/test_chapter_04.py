@@ -13,11 +13,15 @@ def test_oracle_saving_zero_or_some():
     assert ch04.oracle_saving(1.26) == "under oracle exits only 1.3 layers per token are saved"
 
 
+def _sp(r, lo, hi, v):
+    return {"ratio": r, "lo": lo, "hi": hi, "verdict": v, "digits": 2}
+
+
 def test_lazy_vs_eager_faster_slower_or_indistinguishable():
-    assert ch04.lazy_vs_eager(1.2, 11, 12, 9, 10).startswith("Batching the recompute pays")
-    assert "slower than eager" in ch04.lazy_vs_eager(0.8, 8, 9, 10, 11)
-    same = ch04.lazy_vs_eager(1.01, 9, 11, 9.5, 10.5)
-    assert "indistinguishable" in same and "1.01" in same
+    assert ch04.lazy_vs_eager(_sp(1.2, 1.1, 1.3, "faster")).startswith("Batching the recompute pays")
+    assert "slower than eager" in ch04.lazy_vs_eager(_sp(0.8, 0.7, 0.9, "slower"))
+    same = ch04.lazy_vs_eager(_sp(1.01, 0.95, 1.07, "no different"))
+    assert "indistinguishable" in same and "1.01× [0.95, 1.07]" in same
 
 
 def _pts():
@@ -57,9 +61,9 @@ def test_check_timing_and_quality_tables_read_as_words():
     t = ch04.check_table(check).data
     assert list(t.columns) == ["prompt", "kind", "lazy = full depth", "eager = full depth", "tokens generated"]
     assert list(t["eager = full depth"]) == ["yes", "no"]
-    ts = pd.DataFrame({"mean": [10.0], "lo": [9.5], "hi": [10.5]}, index=pd.Index(["full depth"], name="method"))
+    ts = pd.DataFrame([_sp(1.003, 0.97, 1.04, "no different")], index=pd.Index(["full depth"], name="method"))
     t = ch04.timing_table(ts, pd.Series([30.0], index=["full depth"])).data
-    assert t.iloc[0, 1] == "10.0 [9.5, 10.5]" and t.iloc[0, 0] == "full depth"
+    assert t.iloc[0, 1] == "1.00× [0.97, 1.04]" and t.iloc[0, 0] == "full depth"
     summ = pd.DataFrame({"strategy": ["lazy-recompute"], "label": ["softmax 0.9 / lazy-recompute"], "layers": [30.0],
                          "layers_lo": [29.0], "layers_hi": [31.0], "rouge_full": [1.0], "rouge_full_lo": [1.0],
                          "rouge_full_hi": [1.0]})

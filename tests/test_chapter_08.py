@@ -103,19 +103,36 @@ def test_ltt_notes_with_every_threshold_accepted():
                                     "before it: its calibration loss is 0.50 and its p-value 0.9.")
 
 
-@pytest.mark.parametrize("lo, hi, claim", [(1.3, 0.8, "Batches erase the saving."),
-                                           (1.5, 1.2, "Batches shrink the saving."),
-                                           (0.5, 0.3, "Batches make a slow rule slower still."),
-                                           (0.8, 0.8, "Batches do not cost the rule its speed here."),
-                                           (1.2, 1.4, "Batches do not cost the rule its speed here.")])
+def _v(r, v):
+    return {"ratio": r, "lo": r - 0.05, "hi": r + 0.05, "verdict": v, "digits": 2}
+
+
+@pytest.mark.parametrize("lo, hi, claim", [
+    (_v(1.3, "faster"), _v(0.8, "slower"), "Batches erase the saving."),
+    (_v(1.3, "faster"), _v(1.0, "no different"), "Batches erase the saving."),
+    (_v(1.5, "faster"), _v(1.2, "faster"), "Batches shrink the saving."),
+    (_v(1.2, "faster"), _v(1.4, "faster"), "Batches do not cost the rule its speed here."),
+    (_v(0.5, "slower"), _v(0.3, "slower"), "Batches make a slow rule slower still."),
+    (_v(0.5, "slower"), _v(0.6, "slower"), "The rule is slower than the full model at every batch size."),
+    (_v(1.0, "no different"), _v(0.7, "slower"), "In a batch the rule falls behind the full model."),
+    (_v(1.0, "no different"), _v(1.3, "faster"), "Batches help the rule here."),
+    (_v(0.7, "slower"), _v(1.0, "no different"), "In a batch the rule catches up with the full model."),
+    (_v(1.0, "no different"), _v(1.01, "no different"),
+     "Neither alone nor in a batch does the rule measurably differ from the full model in speed.")])
 def test_batch_claim(lo, hi, claim):
     assert ch08.batch_claim(lo, hi) == claim
 
 
-def test_batch_notes():
-    bt = pd.DataFrame({"batch": [1, 8], "rel": [1.3, 0.7], "layers": [20.0, 22.5]}).set_index("batch")
-    assert ch08.batch_notes(bt) == {"batch_lo": 1, "batch_hi": 8, "rel_lo": 1.3, "rel_hi": 0.7, "batch_layers": 22.5,
-                                    "batch_claim": "Batches erase the saving."}
+def test_batch_notes_and_table():
+    bt = pd.DataFrame([{"batch": 1, **_v(1.3, "faster"), "layers": 20.0},
+                       {"batch": 8, **_v(0.7, "slower"), "layers": 22.5}]).set_index("batch")
+    n = ch08.batch_notes(bt)
+    assert n == {"batch_lo": 1, "batch_hi": 8, "rel_lo": "1.30× [1.25, 1.35]", "rel_hi": "0.70× [0.65, 0.75]",
+                 "rel_lo_vs": "faster than the full model", "rel_hi_vs": "slower than the full model",
+                 "batch_layers": 22.5, "batch_claim": "Batches erase the saving."}
+    t = ch08.batch_table(bt).data
+    assert list(t.columns) == ["batch size", "speed / full depth [95% CI]", "layers / token"]
+    assert list(t["speed / full depth [95% CI]"]) == ["1.30× [1.25, 1.35]", "0.70× [0.65, 0.75]"]
 
 
 def _best():

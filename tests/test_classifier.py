@@ -100,32 +100,24 @@ def test_config_errors_name_what_is_valid():
         C.ClassifierConfig(hidden=-1)
 
 
-def test_decisions_table_prices_the_three_rules_under_each_cache(lm, trained, tmp_path, monkeypatch):
-    """Chapters 2-4's table: softmax reads the head at every layer it may exit at, saturation and the classifier
-    once per token; each row with its 95% interval, and a missing row is refused by name."""
+def test_rules_without_the_head_read_it_once_per_token_under_each_cache(lm, trained, tmp_path, monkeypatch):
+    """Softmax reads the head at every layer it may exit at; saturation and the classifier read it once per token,
+    at the exit, whatever the cache."""
     from earlyexit import paths
-    from earlyexit.experiments import decisions
+    from earlyexit.engine import DecodeConfig
+    from earlyexit.experiments import points
     from earlyexit.experiments.evalset import eval_set
 
     monkeypatch.setattr(paths, "CACHE", tmp_path / "cache")
     _, folder = trained
     es = eval_set(lm, "mix", 3, 0, 48)
-    P = {"operating_threshold": 0.3, "saturation_threshold": 0.9, "clf_operating": 0.5, "seed": 0, "n_boot": 200}
-    t = decisions.table(lm, es, 5, P, ["naive-mask", "lazy-recompute"], min_layer=2, classifier=str(folder))
-    assert len(t) == 6 and set(t["rule"]) == set(decisions.RULES)
-    for _, r in t.iterrows():
-        assert r["consistency_lo"] <= r["consistency"] <= r["consistency_hi"]
-        assert r["speed"] > 0
+    EE = DecodeConfig.early_exit
     for s in ("naive-mask", "lazy-recompute"):
-        assert decisions.row(t, "classifier", s)["head_checks"] <= 1.0 + 1e-9
-        assert decisions.row(t, "saturation", s)["head_checks"] <= 1.0 + 1e-9
-        assert decisions.row(t, "softmax", s)["head_checks"] > 1.0
-    shown = decisions.shown(t)
-    assert list(shown.columns)[:2] == ["exit decision", "cache"] and len(shown) == 6
-    with pytest.raises(ValueError, match="no row margin/naive-mask"):
-        decisions.row(t, "margin", "naive-mask")
-    with pytest.raises(ValueError, match="no fill strategy"):
-        decisions.table(lm, es, 5, P, [], min_layer=2, classifier=str(folder))
+        heads = {r: float(points.point(lm, es, 5, c)["head_checks"].mean()) for r, c in (
+            ("softmax", EE("softmax", s, min_layer=2, threshold=0.3)),
+            ("saturation", EE("saturation", s, min_layer=2, threshold=0.9)),
+            ("classifier", EE("classifier", s, min_layer=2, threshold=0.5, classifier=str(folder))))}
+        assert heads["classifier"] <= 1.0 + 1e-9 and heads["saturation"] <= 1.0 + 1e-9 and heads["softmax"] > 1.0
 
 
 def test_a_classifier_another_process_is_training_is_waited_for_not_trained_again(lm, trained, tmp_path, monkeypatch):

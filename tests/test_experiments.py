@@ -161,6 +161,14 @@ def test_time_point_rows(lm, es):
     tb = timing.time_point(lm, es.subset(2), 4, EE("skipdecode", e_max=6, e_min=3, horizon=4, warmup=1), batch=2,
                            repeats=1)
     assert len(tb) == 1 and tb["batch"].iloc[0] == 2 and tb["layers"].iloc[0] < 6
+    # paired with full depth: every row carries full depth's speed from the same minutes and the per-round ratios;
+    # a batched timing has one group, so it runs at least BATCH_ROUNDS rounds for its interval
+    assert (t1["ref_tok_s"] > 0).all() and len(t1["round_ratios"].iloc[0].split()) == 1
+    assert len(tb["round_ratios"].iloc[0].split()) == timing.BATCH_ROUNDS
+    s = timing.speed(tb)
+    assert s["groups"] == 1 and s["rounds"] == timing.BATCH_ROUNDS and s["lo"] <= s["ratio"] <= s["hi"]
+    with pytest.raises(ValueError, match="repeats"):
+        timing.time_point(lm, es.subset(2), 4, EE("full"), repeats=0)
 
 
 def test_skip_schedule_layers_shrink_and_nest():

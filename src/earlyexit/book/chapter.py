@@ -154,6 +154,7 @@ def setup(notebook: str, namespace: dict, *, model: bool = True, prompts: bool =
     C = Chapter(P=P, threads=threads, model_name=display_name(P.model))
     note("model_name", C.model_name)
     note("threads", threads)
+    note("threads_phrase", f"{threads} CPU thread" + ("" if threads == 1 else "s"))
     if model:
         C.lm = load_model(P.model, device=P.device, dtype=P.dtype)
         note("L", C.L)

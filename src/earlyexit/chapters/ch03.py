@@ -10,6 +10,7 @@ import pandas as pd
 from ..book import figures, plots
 from ..engine import DecodeConfig
 from ..experiments import metrics
+from . import words
 
 EE = DecodeConfig.early_exit
 DRIFT = ["naive-mask", "copy-forward", "lazy-recompute"]   # the caches of the long generations
@@ -222,8 +223,9 @@ def decision_schemes(P, L: int, min_layer: int, classifier: str) -> tuple[list[i
 
 def decide_figure(flm: pd.DataFrame, ts: pd.DataFrame, q: pd.DataFrame, order):
     """The schemes of ``order`` in three panels: (a) FLOPs per token over full depth split into decoder layers,
-    K/V copies and head evaluations (``flm``), (b) tokens/s at batch 1 (``ts``), (c) ROUGE-L against full depth
-    (``q``), the last two with 95% intervals."""
+    K/V copies and head evaluations (``flm``), (b) decoding speed over full depth at batch 1, paired
+    (``ts``: :func:`earlyexit.experiments.timing.speed_table`), (c) ROUGE-L against full depth (``q``), the last
+    two with 95% intervals."""
     fig, axes = figures.subplots(1, 3, width=figures.FULL_WIDTH, aspect=1.0)
     bottom = np.zeros(len(order))
     names = {"layers": "decoder layers", "kv_copies": "K/V copies", "head": "head evaluations"}
@@ -236,41 +238,41 @@ def decide_figure(flm: pd.DataFrame, ts: pd.DataFrame, q: pd.DataFrame, order):
     axes[0].invert_yaxis()
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=3)
-    for ax, col, data, xlab, title in ((axes[1], "tok_s", ts, "decoding tokens/s, batch 1", "(b) speed"),
+    for ax, col, data, xlab, title in ((axes[1], "ratio", ts, "speed / full depth (batch 1)", "(b) speed"),
                                        (axes[2], "rouge_full", q, "ROUGE-L vs full depth", "(c) consistency")):
-        m = data.loc[order, "mean" if col == "tok_s" else col]
-        lo = data.loc[order, "lo" if col == "tok_s" else f"{col}_lo"]
-        hi = data.loc[order, "hi" if col == "tok_s" else f"{col}_hi"]
+        m = data.loc[order, col]
+        lo = data.loc[order, "lo" if col == "ratio" else f"{col}_lo"].fillna(m)
+        hi = data.loc[order, "hi" if col == "ratio" else f"{col}_hi"].fillna(m)
         ax.errorbar(m, range(len(order)), xerr=[m - lo, hi - m], fmt="o", color=figures.palette(1)[0], capsize=1.5,
                     ms=3.5)
         ax.set(yticks=range(len(order)), yticklabels=[], xlabel=xlab, title=title, ylim=(len(order) - 0.5, -0.5))
+    axes[1].axvline(1.0, color="0.3", lw=0.6, ls=":")
     axes[2].set_xlim(0, 1.05)
     return fig
 
 
 def decide_table(q: pd.DataFrame, ts: pd.DataFrame, order):
-    """Layers, head evaluations, FLOPs (over full depth), tokens/s and ROUGE-L of each scheme of ``order``."""
+    """Layers, head evaluations, FLOPs (over full depth), paired speed over full depth (``ts``: 95% interval)
+    and ROUGE-L of each scheme of ``order``."""
     return plots.table(pd.DataFrame({"how the exit is decided": list(order),
                                      "layers / token": q.loc[order, "layers"].to_numpy(),
                                      "head evaluations / token": q.loc[order, "head_checks"].to_numpy(),
                                      "FLOPs / full depth": q.loc[order, "flop_fraction"].to_numpy(),
-                                     "tokens/s (batch 1)": ts.loc[order, "mean"].to_numpy(),
+                                     "speed / full depth [95% CI]": [words.ratio(ts.loc[n]) for n in order],
                                      "ROUGE-L vs full": q.loc[order, "rouge_full"].to_numpy()}),
-                       formats={"layers / token": "{:.1f}", "head evaluations / token": "{:.1f}",
-                                "tokens/s (batch 1)": "{:.1f}"})
+                       formats={"layers / token": "{:.1f}", "head evaluations / token": "{:.1f}"})
 
 
-def speed_verdict(tps: float, tps_full: float) -> str:
-    """How the scheme that checks the softmax at every allowed layer compares in speed with full depth ("It is
-    slower than not exiting at all: ..."); within 5% it runs about as fast."""
-    if f"{tps:.1f}" == f"{tps_full:.1f}":
-        return f"It runs as fast as not exiting at all: {tps:.1f} tokens/s, as at full depth."
-    against = f"{tps:.1f} tokens/s against {tps_full:.1f} at full depth"
-    if tps < 0.95 * tps_full:
-        return f"It is slower than not exiting at all: {against}."
-    if tps > 1.05 * tps_full:
-        return f"It is still faster than not exiting at all: {against}."
-    return f"It runs about as fast as not exiting at all: {against}."
+def speed_verdict(s) -> str:
+    """How the scheme that checks the softmax at every allowed layer compares in speed with full depth, from its
+    paired ratio ``s`` (:func:`earlyexit.experiments.timing.speed`): slower or faster only when the interval
+    excludes 1.0."""
+    at = f"{words.ratio(s)} the speed of full depth"
+    if s["verdict"] == "slower":
+        return f"It is slower than not exiting at all: {at}."
+    if s["verdict"] == "faster":
+        return f"It is still faster than not exiting at all: {at}."
+    return f"It runs about as fast as not exiting at all: {at}, an interval that holds 1."
 
 
 def unrestricted_sentence(flops: float, layers: float, rouge: float, cheapest: bool) -> str:

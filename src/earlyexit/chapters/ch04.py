@@ -7,6 +7,7 @@ import pandas as pd
 
 from ..book import figures, plots
 from ..experiments import metrics
+from . import words
 
 LAYER_PARTS = {"own_layers": "run by the token", "recompute_layers": "recomputed later",
                "pending_layers": "never run (pending at the end)"}
@@ -54,9 +55,10 @@ def accounting_table(acc: pd.DataFrame):
 
 
 def timing_table(ts: pd.DataFrame, lay: pd.Series):
-    """The timed methods (``ts``: tokens/s summary indexed by method; ``lay``: layer evaluations per token)."""
-    return plots.table(pd.DataFrame({"method": ts.index, "tokens/s (batch 1), mean [95% CI]": [
-        f"{m:.1f} [{lo:.1f}, {hi:.1f}]" for m, lo, hi in zip(ts["mean"], ts["lo"], ts["hi"])],
+    """The timed methods (``ts``: paired speeds over full depth indexed by method,
+    :func:`earlyexit.experiments.timing.speed_table`; ``lay``: layer evaluations per token)."""
+    return plots.table(pd.DataFrame({"method": ts.index, "speed / full depth (batch 1) [95% CI]": [
+        words.ratio(r) for _, r in ts.iterrows()],
         "layer evaluations / token": lay.loc[ts.index].to_numpy()}), formats={"layer evaluations / token": "{:.1f}"})
 
 
@@ -85,16 +87,17 @@ def oracle_saving(pending: float) -> str:
     return f"under oracle exits only {pending:.1f} layers per token are saved"
 
 
-def lazy_vs_eager(ratio: float, lazy_lo: float, lazy_hi: float, eager_lo: float, eager_hi: float) -> str:
-    """Lazy against eager recompute with the same exits: ``ratio`` = lazy's speed over eager's, and each one's 95%
-    interval of tokens/s. A verdict only when the intervals are apart."""
-    if lazy_lo > eager_hi:
-        return (f"Batching the recompute pays: with the same exits, lazy recompute decodes {ratio:.2f} times as fast "
-                f"as eager recompute, and the 95% intervals do not overlap.")
-    if lazy_hi < eager_lo:
-        return (f"With the same exits, lazy recompute is slower than eager recompute ({ratio:.2f} times its speed, "
-                f"intervals apart): at batch 1 on this CPU, batching the recompute does not pay for the bookkeeping "
-                f"of pending tokens, which this engine does in Python, one sequence at a time, for readability.")
-    return (f"With the same exits, lazy and eager recompute are indistinguishable here (lazy at {ratio:.2f} times "
-            f"eager's speed, overlapping 95% intervals): at batch 1 on this CPU the batching neither pays nor costs "
+def lazy_vs_eager(s: dict) -> str:
+    """Lazy against eager recompute with the same exits: ``s`` is lazy's speed over eager's per prompt, each
+    paired with full depth (:func:`earlyexit.experiments.timing.relative`). A verdict only when the 95% interval
+    excludes 1."""
+    if s["verdict"] == "faster":
+        return (f"Batching the recompute pays: with the same exits, lazy recompute decodes at {words.ratio(s)} "
+                f"eager recompute's speed.")
+    if s["verdict"] == "slower":
+        return (f"With the same exits, lazy recompute is slower than eager recompute ({words.ratio(s)} its speed): "
+                f"at batch 1 on this CPU, batching the recompute does not pay for the bookkeeping of pending tokens, "
+                f"which this engine does in Python, one sequence at a time, for readability.")
+    return (f"With the same exits, lazy and eager recompute are indistinguishable here (lazy at {words.ratio(s)} "
+            f"eager's speed, an interval that holds 1): at batch 1 on this CPU the batching neither pays nor costs "
             f"measurably.")

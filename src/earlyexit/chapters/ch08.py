@@ -15,6 +15,7 @@ from ..book import figures, handoff, plots
 from ..book.profiles import load_profile
 from ..engine import DecodeConfig
 from ..experiments import compare, costs, points, timing, trained
+from .batches import batch_claim, batch_notes, batch_speeds, batch_table  # noqa: F401 (chapter 8's API)
 
 # how the prose names the models chapter 7's drafters run on
 WHERE = {"released": "on the released model", "trained": "after LayerSkip training",
@@ -121,18 +122,6 @@ def ltt_sentence(v: dict, low_accepted: bool, delta: float) -> str:
            f"{v['ltt_test_risk']:.2f}, so the bound {v['ltt_held']} there, at {v['ltt_test_layers']:.1f} layers per "
            f"token and {v['ltt_test_speed']:.2f} times the full model's speed. ")
     return out + f"The procedure stops at {v['ltt_low_thr']:g}, {ltt_low_role(low_accepted)}: {low}."
-
-
-def batch_claim(rel_lo: float, rel_hi: float) -> str:
-    """The claim of the batching paragraph, from the rule's speed relative to full depth at the smallest batch
-    (``rel_lo``) and the largest (``rel_hi``)."""
-    if rel_hi >= rel_lo:
-        return "Batches do not cost the rule its speed here."
-    if rel_lo > 1 >= rel_hi:
-        return "Batches erase the saving."
-    if rel_hi > 1:
-        return "Batches shrink the saving."
-    return "Batches make a slow rule slower still."
 
 
 # --------------------------------------------------------------------------- every method, every model
@@ -382,31 +371,3 @@ def ltt_notes(lam: float | None, det: pd.DataFrame, res: pd.DataFrame | None, ep
     out |= {"ltt_low_thr": float(low["threshold"]), "ltt_low_risk": float(low["risk_hat"]),
             "ltt_low_p": float(low["p_value"]), "ltt_low_role": ltt_low_role(bool(low["accepted"]))}
     return out | {"ltt_result": ltt_sentence(out, bool(low["accepted"]), delta)}
-
-
-# --------------------------------------------------------------------------- batches
-
-
-def batch_speeds(lm, es, n_new: int, P) -> pd.DataFrame:
-    """The ``P["rule"]`` rule with copy-forward at the operating threshold, timed against full depth at each batch
-    size of ``P["batch_sizes"]`` (at most the prompt count): speed relative to full depth and layers per token,
-    indexed by batch."""
-    ml = points.default_min_layer(P["min_layer"], lm.num_layers)
-    cf = DecodeConfig.early_exit(P["rule"], "copy-forward", min_layer=ml, threshold=P["operating_threshold"])
-    rows = []
-    for B in sorted({min(b, len(es)) for b in P["batch_sizes"]}):
-        s = es.subset(min(len(es), max(2, B))) if B == 1 else es.subset(B)
-        full_t = timing.time_point(lm, s, n_new, DecodeConfig.early_exit("full"), batch=B, repeats=1)
-        rule_t = timing.time_point(lm, s, n_new, cf, batch=B, repeats=1)
-        rows.append({"batch": B, "rel": float(rule_t["tok_s"].mean() / full_t["tok_s"].mean()),
-                     "layers": float(rule_t["layers"].mean())})
-    return pd.DataFrame(rows).set_index("batch")
-
-
-def batch_notes(bt: pd.DataFrame) -> dict:
-    """The smallest and largest batch of :func:`batch_speeds`' table ``bt``, the rule's relative speed at each,
-    its layers per token at the largest, and :func:`batch_claim`."""
-    lo, hi = int(bt.index.min()), int(bt.index.max())
-    rel_lo, rel_hi = float(bt.loc[lo, "rel"]), float(bt.loc[hi, "rel"])
-    return {"batch_lo": lo, "batch_hi": hi, "rel_lo": rel_lo, "rel_hi": rel_hi,
-            "batch_layers": float(bt.loc[hi, "layers"]), "batch_claim": batch_claim(rel_lo, rel_hi)}

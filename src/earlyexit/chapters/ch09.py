@@ -11,6 +11,7 @@ from matplotlib.lines import Line2D
 from ..book import figures, plots
 from ..engine import DecodeConfig
 from ..experiments import compare, costmodel, costs, frontier, points, timing
+from . import words
 
 EE = DecodeConfig.early_exit
 CACHES = ["naive-mask", "copy-forward", "lazy-recompute"]
@@ -258,7 +259,7 @@ def bounds_table(P, models: dict, tset, timed: pd.DataFrame, speed: pd.Series, u
             orc = points.point(lm, tset, P.max_new_tokens, EE("oracle", s))
             rep = costs.replay_calls(lm, tset, P.max_new_tokens, orc, s)
             rows.append({"model": key, "cache": s,
-                         "measured": float(g["tok_s"].mean() / speed.loc[(key, "full depth")]),
+                         "measured": timing.speed(g)["ratio"],  # paired with full depth, prompt by prompt
                          "predicted": full_t / costs.seconds_per_token(g, units),
                          "free decisions": full_t / costs.seconds_per_token(g, units, free_decisions=True),
                          "oracle exits": full_t / costs.seconds_per_token(rep, units)})
@@ -379,16 +380,18 @@ def frontier_notes(front: pd.DataFrame, key: str, L: int, floor: float) -> dict:
 # --------------------------------------------------------------------------------------------- where it pays
 def batch_table(P, lm, es, tset, classifier: str) -> pd.DataFrame:
     """:data:`BATCH_METHODS` at each batch size of ``P.batch_sizes`` (cached timings; batch 1 on the timed prompts
-    ``tset``): tok_s and speed vs full (full depth at the same batch)."""
+    ``tset``): tok_s, and the paired speed over full depth at the same batch (:func:`earlyexit.experiments.timing.speed`:
+    ratio, lo, hi, verdict, digits; ``speed vs full`` = ratio; ``speed / full depth [95% CI]`` in words)."""
     ms = methods(P, lm, classifier)
     rows = []
     for B in sorted({min(b, len(es)) for b in P.batch_sizes}):
         sub = tset if B == 1 else es.subset(B)
         for name in BATCH_METHODS:
             t = timing.time_point(lm, sub, P.max_new_tokens, ms[name], batch=B, repeats=P.timing_repeats)
-            rows.append({"batch": B, "method": name, "tok_s": float(t["tok_s"].mean())})
+            rows.append({"batch": B, "method": name, "tok_s": float(t["tok_s"].mean()), **timing.speed(t)})
     bt = pd.DataFrame(rows)
-    bt["speed vs full"] = bt["tok_s"] / bt["batch"].map(bt[bt.method == "full depth"].set_index("batch")["tok_s"])
+    bt["speed vs full"] = bt["ratio"]
+    bt["speed / full depth [95% CI]"] = [words.ratio(r) for _, r in bt.iterrows()]
     return bt
 
 

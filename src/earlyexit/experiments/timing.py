@@ -1,8 +1,14 @@
 """Wall-clock speed, measured side by side and kept in the result cache.
 
 Every timing entry's key holds the torch thread count it was measured with. Decoding speed is reported
-as decoding steps per second: the prompt pass is timed separately (a one-token run) and taken out.
-Each measurement is the best of ``repeats`` runs (:func:`best_of`), the usual guard against a busy machine.
+as decoding steps per second, the prompt pass (measured inside each run) taken out.
+
+The protocol every speed ratio of the book follows (:func:`time_point`, :func:`paired_runs`): the method and
+its reference (full depth, same model, prompts and threads) run in turn, prompt by prompt, for several rounds,
+the order alternating by round, after one untimed warm-up of each. Whatever else the machine does in those
+minutes slows both alike. The ratio is taken per prompt (its median over rounds) and summarized by
+:func:`paired_ratio`: the geometric mean over prompts with a 95% t-interval, a verdict ("faster", "slower")
+only when the interval excludes 1.0, and the decimals the interval supports.
 """
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ from .points import point_params, split_ints
 from .evalset import EvalSet
 
 FULL = DecodeConfig.full()
+# a batched timing is one group of prompts, so its interval comes from its rounds: at least this many
+BATCH_ROUNDS = 4
 
 
 def best_of(repeats: int, runs: dict) -> dict:
@@ -33,29 +41,73 @@ def best_of(repeats: int, runs: dict) -> dict:
     return {k: (best[k], last[k]) for k in runs}
 
 
-def _decode_rate(lm, ids, n_new: int, cfg: DecodeConfig, repeats: int) -> dict:
-    """Best-of timing of ``cfg`` on the prompts ``ids`` (one batch), the prompt pass taken out."""
-    got = best_of(repeats, {"pre": lambda: decode(lm, ids, FULL, 1, stop_at_eos=False),
-                            "run": lambda: decode(lm, ids, cfg, n_new, stop_at_eos=False)})
-    (best_pre, _), (best, tr) = got["pre"], got["run"]
-    s = tr.steps()
-    steps = len(ids) * (n_new - 1)
-    return {"batch": len(ids), "wall_s": best, "prefill_s": best_pre, "tok_s": steps / max(best - best_pre, 1e-9),
-            "layers": float((tr.counts["layers_run"] + tr.counts["recompute_layers"])[s].mean()),
-            "head_checks": float(tr.counts["head_checks"][s].mean()),
-            "calls": calls_json(tr.meta["calls"]["decode"])}
+def _alternate(lm, groups: list, n_new: int, cfg, ref: DecodeConfig, rounds: int) -> list[dict]:
+    """The timing protocol (module docstring): ``cfg`` (one config, or a list of one per group) and ``ref`` in
+    turn on each group of prompts (decoded together), ``rounds`` rounds, the reference first in even rounds,
+    after one untimed warm-up of each. One
+    row per (group, round): seconds of the decoding steps of each (prompt pass out), and what the method's run
+    did (its wall and prompt-pass seconds, layers and head evaluations per step, calls)."""
+    def run(c, ids):
+        return decode(lm, ids, c, n_new, stop_at_eos=False)
+
+    cfgs = list(cfg) if isinstance(cfg, (list, tuple)) else [cfg] * len(groups)
+    for ids, c in zip(groups[:1], cfgs):     # warm-up: first calls pay for allocations and packing
+        run(ref, ids), run(c, ids)
+    rows = []
+    for k in range(rounds):
+        for g, ids in enumerate(groups):
+            c = cfgs[g]
+            order = (("ref", ref), ("method", c)) if k % 2 == 0 else (("method", c), ("ref", ref))
+            got = {name: run(c, ids) for name, c in order}
+            m, s = got["method"], got["method"].steps()
+            rows.append({"group": g, "round": k, "first": order[0][0], "method_s": decode_seconds(m),
+                         "ref_s": decode_seconds(got["ref"]), "steps": len(ids) * (n_new - 1),
+                         "wall_s": m.wall_s, "prefill_s": float(m.meta.get("prefill_s", float("nan"))),
+                         "layers": float((m.counts["layers_run"] + m.counts["recompute_layers"])[s].mean()),
+                         "head_checks": float(m.counts["head_checks"][s].mean()),
+                         "calls": calls_json(m.meta["calls"]["decode"])})
+    return rows
+
+
+def _per_group(raw: list[dict], sizes: list[int], one_by_one: bool) -> list[dict]:
+    """:func:`_alternate`'s rows summarized per group (the columns of :func:`time_point`)."""
+    rows = []
+    for g, d in pd.DataFrame(raw).groupby("group", sort=True):
+        best = d.loc[d["method_s"].idxmin()]
+        ratios = d["ref_s"] / d["method_s"]
+        rows.append({"prompt": int(g) if one_by_one else -1, "batch": sizes[int(g)],
+                     "wall_s": float(best["wall_s"]), "prefill_s": float(best["prefill_s"]),
+                     "tok_s": float(best["steps"] / max(best["method_s"], 1e-9)),
+                     "ref_tok_s": float(best["steps"] / max(d["ref_s"].min(), 1e-9)),
+                     "ratio": float(ratios.median()), "round_ratios": " ".join(f"{x:.6g}" for x in ratios),
+                     "layers": float(best["layers"]), "head_checks": float(best["head_checks"]),
+                     "calls": best["calls"]})
+    return rows
 
 
 def time_point(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, batch: int = 1, repeats: int = 2) -> pd.DataFrame:
-    """Wall-clock decoding speed (cached): the first ``batch`` prompts decoded together, ``n_new`` tokens
-    each without stopping at EOS, best of ``repeats``. At batch 1 each of the set's prompts is timed on its
-    own (one row each); ``tok_s`` is decoding steps per second, all rows counted."""
-    def compute():
-        if batch == 1:
-            return [{"prompt": b, **_decode_rate(lm, [es.ids[b]], n_new, cfg, repeats)} for b in range(len(es))]
-        return [{"prompt": -1, **_decode_rate(lm, es.ids[:batch], n_new, cfg, repeats)}]
+    """Wall-clock decoding speed of ``cfg`` paired with full depth (cached), by the protocol of the module
+    docstring with ``repeats`` rounds: at batch 1 each prompt of the set on its own (one row each); at a larger
+    ``batch`` the first ``batch`` prompts decoded together (one row, at least :data:`BATCH_ROUNDS` rounds, whose
+    spread gives the interval), ``n_new`` tokens each without stopping at EOS. Columns: ``tok_s`` and ``ref_tok_s`` (decoding steps per second of the method and of full depth, their
+    fastest round), ``ratio`` (the method's speed over full depth's, median over rounds of the per-round ratio),
+    ``round_ratios`` (each round's, space-separated), ``wall_s`` and ``prefill_s`` (the method's fastest round),
+    ``layers``, ``head_checks`` and ``calls`` of the method's run. :func:`speed` turns the rows into a ratio
+    with its interval."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats (timing rounds) must be an int >= 1, got {repeats!r}")
+    if not isinstance(batch, int) or not 1 <= batch <= len(es):
+        raise ValueError(f"batch must be an int in [1, {len(es)}] (the prompts in the set), got {batch!r}")
 
-    params = point_params(es, n_new, cfg, batch=batch, repeats=repeats, threads=torch.get_num_threads())
+    rounds = repeats if batch == 1 else max(repeats, BATCH_ROUNDS)
+
+    def compute():
+        groups = [[ids] for ids in es.ids] if batch == 1 else [es.ids[:batch]]
+        return _per_group(_alternate(lm, groups, n_new, cfg, FULL, rounds), [len(g) for g in groups],
+                          batch == 1)
+
+    params = point_params(es, n_new, cfg, batch=batch, repeats=rounds, threads=torch.get_num_threads())
+    params["paired_with"] = FULL.key()
     df = store.cached("timing", params, compute, model=lm)
     cols = cfg.columns()
     df.insert(0, "label", cfg.label)
@@ -64,24 +116,29 @@ def time_point(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, batch: int = 1, r
     return df
 
 
+def speed(tp: pd.DataFrame) -> dict:
+    """The speed relative to full depth of a :func:`time_point` table (or several concatenated rows of one
+    configuration), as :func:`paired_ratio` gives it: ratio, lo, hi, verdict, digits, groups, rounds."""
+    rows = [{"group": i, "round": k, "ratio": float(x)}
+            for i, r in enumerate(tp.itertuples()) for k, x in enumerate(str(r.round_ratios).split())]
+    return paired_ratio(pd.DataFrame(rows))
+
+
 def time_replay(lm, es: EvalSet, n_new: int, df: pd.DataFrame, strategy: str, repeats: int = 2) -> pd.DataFrame:
     """Batch-1 decoding speed (cached) of each prompt of ``es`` replaying the exit layers a point
-    table ``df`` recorded for it (rule "scripted"), with ``strategy``: the same exits, no exit test.
+    table ``df`` recorded for it (rule "scripted"), with ``strategy``: the same exits, no exit test, paired
+    with full depth by the protocol of :func:`time_point` (the same columns, one row per prompt).
     Separates what a fill strategy costs in wall time from what the exit rule's checks cost."""
     L = lm.config.num_hidden_layers
     scripts = {int(r["prompt"]): [L] + split_ints(r["exits"])[1:] for _, r in df.iterrows()}
 
     def compute():
-        rows = []
-        for b in range(len(es)):
-            cfg = DecodeConfig.early_exit("scripted", strategy, exits=tuple(scripts[b][:n_new]))
-            r = _decode_rate(lm, [es.ids[b]], n_new, cfg, repeats)
-            rows.append({"prompt": b, "batch": 1, "wall_s": r["wall_s"], "prefill_s": r["prefill_s"],
-                         "tok_s": r["tok_s"], "layers": r["layers"], "calls": r["calls"]})
-        return rows
+        cfgs = [DecodeConfig.early_exit("scripted", strategy, exits=tuple(scripts[b][:n_new])) for b in range(len(es))]
+        return _per_group(_alternate(lm, [[ids] for ids in es.ids], n_new, cfgs, FULL, repeats), [1] * len(es), True)
 
     params = {"prompts": es.spec, "n_new": n_new, "strategy": strategy, "repeats": repeats,
-              "scripts": {str(b): scripts[b][:n_new] for b in range(len(es))}, "threads": torch.get_num_threads()}
+              "scripts": {str(b): scripts[b][:n_new] for b in range(len(es))}, "threads": torch.get_num_threads(),
+              "paired_with": FULL.key()}
     out = store.cached("timing_replay", params, compute, model=lm)
     out.insert(0, "strategy", strategy)
     return out
@@ -218,20 +275,9 @@ def paired_runs(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, ref: DecodeConfi
         raise ValueError(f"batch must be an int in [1, {len(es)}] (the prompts in the set), got {batch!r}")
     groups = [es.ids[i:i + batch] for i in range(0, len(es) - batch + 1, batch)]
 
-    def run(c, ids):
-        return decode(lm, ids, c, n_new, stop_at_eos=False)
-
     def compute():
-        for ids in groups[:1]:                   # warm-up: first calls pay for allocations and packing
-            run(ref, ids), run(cfg, ids)
-        rows = []
-        for k in range(rounds):
-            for g, ids in enumerate(groups):
-                order = (("ref", ref), ("method", cfg)) if k % 2 == 0 else (("method", cfg), ("ref", ref))
-                got = {name: decode_seconds(run(c, ids)) for name, c in order}
-                rows.append({"group": g, "round": k, "first": order[0][0], "method_s": got["method"],
-                             "ref_s": got["ref"], "steps": len(ids) * (n_new - 1)})
-        return rows
+        return [{k: r[k] for k in ("group", "round", "first", "method_s", "ref_s", "steps")}
+                for r in _alternate(lm, groups, n_new, cfg, ref, rounds)]
 
     params = {"prompts": es.spec, "n_new": n_new, "method": cfg.key(), "ref": ref.key(), "rounds": rounds,
               "batch": batch, "threads": torch.get_num_threads()}
@@ -240,25 +286,53 @@ def paired_runs(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, ref: DecodeConfi
     return df
 
 
-def paired_ratio(runs: pd.DataFrame, seed: int = 0, n_boot: int = 2000) -> dict:
-    """The method's speed relative to its reference from :func:`paired_runs`: each group's median ratio over
-    rounds, their geometric mean over groups (``ratio``), and its 95% interval (``lo``, ``hi``: a bootstrap over
-    groups of the mean log ratio; with a single group, the spread of its rounds). ``verdict`` is "faster" or
-    "slower" only when the interval excludes 1.0, else "no different"; ``digits`` is how many decimals the
-    interval supports (its half-width to one significant figure)."""
+# two-sided 95% quantiles of Student's t, by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def paired_ratio(runs: pd.DataFrame) -> dict:
+    """The method's speed relative to its reference from :func:`paired_runs` rows (``group``, ``round``,
+    ``ratio``): each group's median ratio over rounds, their geometric mean over groups (``ratio``) and its 95%
+    t-interval over groups (``lo``, ``hi``); with a single group, the mean and t-interval of its rounds' log
+    ratios. ``verdict`` is "faster" or "slower" only when the interval excludes 1.0, else "no different" (also
+    when one run leaves no interval: ``lo`` and ``hi`` NaN); ``digits`` is how many decimals the interval
+    supports (its half-width to one significant figure, 1 to 3)."""
     import numpy as np
 
     per = np.log(runs.groupby("group")["ratio"].median().to_numpy())
-    if len(per) > 1:
-        rng = np.random.default_rng(seed)
-        boots = per[rng.integers(0, len(per), (n_boot, len(per)))].mean(1)
-        lo, hi = np.quantile(boots, [0.025, 0.975])
+    logs = per if len(per) > 1 else np.log(runs["ratio"].to_numpy())
+    m = float(logs.mean())
+    if len(logs) > 1:
+        half = t975(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+        lo, hi = math.exp(m - half), math.exp(m + half)
     else:
-        logs = np.log(runs["ratio"].to_numpy())
-        lo, hi = (np.quantile(logs, [0.025, 0.975]) if len(logs) > 1 else (logs[0], logs[0]))
-    m, lo, hi = float(np.exp(per.mean())), float(np.exp(lo)), float(np.exp(hi))
+        lo = hi = float("nan")
     verdict = "faster" if lo > 1.0 else "slower" if hi < 1.0 else "no different"
-    half = max((hi - lo) / 2, 1e-12)
-    digits = max(0, min(3, -int(math.floor(math.log10(half)))))
-    return {"ratio": m, "lo": lo, "hi": hi, "verdict": verdict, "digits": digits, "groups": int(len(per)),
-            "rounds": int(runs["round"].nunique())}
+    width = (hi - lo) / 2 if math.isfinite(lo) else 0.005
+    digits = max(1, min(3, -int(math.floor(math.log10(max(width, 1e-12))))))
+    return {"ratio": math.exp(m), "lo": lo, "hi": hi, "verdict": verdict, "digits": digits,
+            "groups": int(len(per)), "rounds": int(runs["round"].nunique())}
+
+
+def speed_table(times: pd.DataFrame, by: str) -> pd.DataFrame:
+    """:func:`speed` of each configuration in ``times`` (concatenated :func:`time_point` tables told apart by
+    column ``by``), in their order of appearance: one row per configuration, columns ratio, lo, hi, verdict,
+    digits, groups, rounds."""
+    names = list(dict.fromkeys(times[by]))
+    return pd.DataFrame([speed(times[times[by] == n]) for n in names], index=pd.Index(names, name=by))
+
+
+def relative(a: pd.DataFrame, b: pd.DataFrame) -> dict:
+    """The speed of configuration ``a`` over that of ``b``, both :func:`time_point` (or :func:`time_replay`)
+    tables on the same prompts, each paired with full depth: per prompt, a's ratio over b's (full depth's speed
+    in each window cancels), summarized as :func:`paired_ratio` does."""
+    x = a.set_index("prompt")["ratio"] / b.set_index("prompt")["ratio"]
+    return paired_ratio(pd.DataFrame({"group": range(len(x)), "round": 0, "ratio": x.to_numpy()}))

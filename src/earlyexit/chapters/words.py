@@ -1,0 +1,42 @@
+"""Words for measured speeds, shared by the chapters: a paired ratio (:func:`earlyexit.experiments.timing.speed`)
+printed to the decimals its interval supports, and a verdict that calls a method faster or slower only when the
+interval excludes 1.0.
+
+    s = timing.speed(timing.time_point(lm, es, n_new, cfg))
+    ratio(s)                        # '0.93× [0.88, 0.98]'
+    versus(s)                       # 'slower than full depth'
+    sentence("Lazy recompute", s)   # 'Lazy recompute runs at 0.93× [0.88, 0.98] the speed of full depth: slower.'
+"""
+from __future__ import annotations
+
+import math
+
+
+def _num(x: float, digits: int) -> str:
+    return f"{x:.{digits}f}"
+
+
+def ratio(s: dict) -> str:
+    """'r× [lo, hi]' (the 95% interval) at ``s["digits"]`` decimals; 'r×' alone when one run left no interval."""
+    d = int(s.get("digits", 2))
+    if not (math.isfinite(s.get("lo", math.nan)) and math.isfinite(s.get("hi", math.nan))):
+        return f"{_num(s['ratio'], d)}×"
+    return f"{_num(s['ratio'], d)}× [{_num(s['lo'], d)}, {_num(s['hi'], d)}]"
+
+
+def versus(s: dict, ref: str = "full depth") -> str:
+    """The verdict against ``ref``: 'faster than …' or 'slower than …' only when the interval excludes 1.0,
+    else 'not measurably different from …'."""
+    v = s.get("verdict", "no different")
+    if v == "faster":
+        return f"faster than {ref}"
+    if v == "slower":
+        return f"slower than {ref}"
+    return f"not measurably different from {ref}"
+
+
+def sentence(name: str, s: dict, ref: str = "full depth") -> str:
+    """'<name> runs at <ratio> the speed of <ref>: faster.' (or 'slower', or 'no measurable difference')."""
+    v = s.get("verdict", "no different")
+    word = {"faster": "faster", "slower": "slower"}.get(v, "no measurable difference")
+    return f"{name} runs at {ratio(s)} the speed of {ref}: {word}."

@@ -1,0 +1,29 @@
+"""The words for a measured speed: a ratio printed to the decimals its interval supports, and a verdict that
+says faster or slower only when the interval excludes 1.0 (each branch)."""
+import math
+
+from earlyexit.chapters import words
+
+
+def _s(r, lo, hi, verdict, digits=2):
+    return {"ratio": r, "lo": lo, "hi": hi, "verdict": verdict, "digits": digits}
+
+
+def test_ratio_prints_the_interval_at_its_digits():
+    assert words.ratio(_s(0.9312, 0.881, 0.984, "slower")) == "0.93× [0.88, 0.98]"
+    assert words.ratio(_s(1.0, 0.6, 1.4, "no different", digits=1)) == "1.0× [0.6, 1.4]"
+    assert words.ratio(_s(1.2346, 1.2301, 1.2389, "faster", digits=3)) == "1.235× [1.230, 1.239]"
+
+
+def test_one_run_prints_no_interval():
+    assert words.ratio(_s(1.07, math.nan, math.nan, "no different")) == "1.07×"
+
+
+def test_each_verdict():
+    assert words.versus(_s(1.3, 1.2, 1.4, "faster")) == "faster than full depth"
+    assert words.versus(_s(0.7, 0.6, 0.8, "slower"), ref="HF generate") == "slower than HF generate"
+    assert words.versus(_s(1.02, 0.97, 1.07, "no different")) == "not measurably different from full depth"
+    assert words.sentence("SkipDecode", _s(1.02, 0.97, 1.07, "no different")) == \
+        "SkipDecode runs at 1.02× [0.97, 1.07] the speed of full depth: no measurable difference."
+    assert words.sentence("Eager recompute", _s(0.9, 0.85, 0.95, "slower")).endswith(": slower.")
+    assert words.sentence("A", _s(1.5, 1.4, 1.6, "faster")).endswith("full depth: faster.")
