@@ -137,7 +137,7 @@ def test_speed_notes_with_and_without_the_transformers_peer():
                 vs_hf_lo=1.7, vs_hf_hi=2.1)
     sp = pd.DataFrame({"vs_hf": [1.9, 1.3]})
     alone = ch07.speed_notes(best, _grid(), sp, None, 69.8)
-    assert alone["speed_goal"] == "misses" and alone["spec_verdict"] == "still leaves self-speculation slower than full depth"
+    assert alone["speed_goal_verb"] == "misses" and alone["spec_verdict"] == "still leaves self-speculation slower than full depth"
     assert alone["hf_goal"] == "was not measured against" and math.isnan(alone["method_vs_hf"])
     assert (alone["best_E"], alone["best_d"], alone["n_lossless"], alone["n_runs"], alone["full_tps"]) == (2, 1, 3, 3, 305.0)
     eng = pd.DataFrame({"seconds": [1.0, 1.0], "full_s": [0.8, 1.0], "lossless": [True, True]})

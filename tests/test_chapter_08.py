@@ -149,12 +149,12 @@ def test_table_notes():
     assert n["meet_sentence_released"] == "the methods that reach the target are: self-speculation; lazy-recompute"
     assert (n["n_meet_trained"], n["names_meet_trained"]) == (0, "none")
     assert n["meet_sentence_trained"] == "no method reaches the target"
-    assert (n["spec_speed_released"], n["spec_layers_released"]) == (0.6, 11.1) and math.isnan(n["spec_speed_trained"])
+    assert (n["spec_pred_speed_released"], n["spec_layers_released"]) == (0.6, 11.1) and math.isnan(n["spec_pred_speed_trained"])
     assert n["released_lazy_recompute_label"] == "softmax 0.9 / lazy-recompute"
     assert n["released_lazy_recompute_meets"] == "reaches" and n["released_naive_mask_meets"] == "does not reach"
     assert n["trained_naive_mask_cons"] == 0.4
     assert n["trained_lazy_recompute_label"] == "none" and n["trained_lazy_recompute_meets"] == "does not reach"
-    assert math.isnan(n["scratch_baseline_classifier_copy_forward_speed"])
+    assert math.isnan(n["scratch_baseline_classifier_copy_forward_pred_speed"])
 
 
 def _summ(model, method, label, speed, consistency=1.0):

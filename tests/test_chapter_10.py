@@ -89,5 +89,5 @@ def test_oracle_bound_and_batches():
     cfg = type("Config", (), {k: v for k, v in shapes.shape("SmolLM2-135M").config().items()})
     assert ch10.head_share_of(cfg) == pytest.approx(smol.head_to_layer() / smol.layers)
     notes = ch10.oracle_notes(exits, 30, ch10.head_share_of(cfg), [1, 64])
-    assert notes["batch_hi"] == 64 and "batching erases the saving" in notes["batch_sentence"]
+    assert notes["pays_batch_hi"] == 64 and "batching erases the saving" in notes["batch_sentence"]
     assert math.isclose(notes["batch_hi_bound"], 1.0, abs_tol=1e-3)

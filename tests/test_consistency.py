@@ -1,6 +1,8 @@
 """The cross-page check: a fact glued on two pages has one value; a page made inconsistent on purpose fails it."""
 import json
 
+import pytest
+
 from earlyexit.book import consistency
 
 
@@ -19,3 +21,17 @@ def test_shared_facts_agree_and_a_changed_one_is_named(tmp_path):
     _nb(tmp_path / "04_b.ipynb", {"head_layers": "7.3"})          # the same fact, another value: made on purpose
     problems = consistency.check(["02_a", "04_b"], tmp_path)
     assert len(problems) == 1 and "'head_layers' has 2 values" in problems[0] and "02_a: 7.8" in problems[0]
+
+
+@pytest.mark.browser
+def test_the_built_book_glues_one_value_per_fact():
+    """Run after the book is built (`make test` builds the smoke book first): every glue key that two pages share
+    has one value across them."""
+    from earlyexit import paths
+
+    names = sorted(p.stem for p in paths.GENERATED.glob("*.ipynb"))
+    if not names:
+        pytest.fail("no executed notebooks: build the book first with `python -m earlyexit book --profile smoke`",
+                    pytrace=False)
+    problems = consistency.check(names)
+    assert not problems, "\n".join(problems)

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from earlyexit.experiments import costs, drift, points, probes, evalset, timing
+from earlyexit.experiments import costs, drift, points, probes, evalset, speeds, timing
 from earlyexit.book import plots
 from earlyexit import paths
 from earlyexit.engine.cache import COMPUTED, HOLE
@@ -165,7 +165,7 @@ def test_time_point_rows(lm, es):
     # a batched timing has one group, so it runs at least BATCH_ROUNDS rounds for its interval
     assert (t1["ref_tok_s"] > 0).all() and len(t1["round_ratios"].iloc[0].split()) == 1
     assert len(tb["round_ratios"].iloc[0].split()) == timing.BATCH_ROUNDS
-    s = timing.speed(tb)
+    s = speeds.speed(tb)
     assert s["groups"] == 1 and s["rounds"] == timing.BATCH_ROUNDS and s["lo"] <= s["ratio"] <= s["hi"]
     with pytest.raises(ValueError, match="repeats"):
         timing.time_point(lm, es.subset(2), 4, EE("full"), repeats=0)

@@ -7,7 +7,7 @@ import pytest
 
 from earlyexit.engine import DecodeConfig, decode
 from earlyexit.engine.models import load_model
-from earlyexit.experiments import evalset, timing
+from earlyexit.experiments import evalset, speeds, timing
 
 
 def _runs(ratios_by_group, rounds=3):
@@ -21,26 +21,26 @@ def _runs(ratios_by_group, rounds=3):
 
 
 def test_the_same_work_reads_as_no_different():
-    s = timing.paired_ratio(_runs([[0.97, 1.02, 0.99], [1.03, 0.99, 1.02], [0.98, 0.97, 1.02], [1.0, 1.01, 0.99]]))
+    s = speeds.paired_ratio(_runs([[0.97, 1.02, 0.99], [1.03, 0.99, 1.02], [0.98, 0.97, 1.02], [1.0, 1.01, 0.99]]))
     assert s["lo"] < 1.0 < s["hi"] and s["verdict"] == "no different"
     assert s["groups"] == 4 and s["rounds"] == 3
 
 
 def test_a_clear_speed_up_or_slow_down_reads_as_such():
-    fast = timing.paired_ratio(_runs([[1.30, 1.32], [1.28, 1.31], [1.33, 1.29], [1.31, 1.30]]))
+    fast = speeds.paired_ratio(_runs([[1.30, 1.32], [1.28, 1.31], [1.33, 1.29], [1.31, 1.30]]))
     assert fast["verdict"] == "faster" and fast["lo"] > 1.2 and fast["ratio"] == pytest.approx(1.305, abs=0.01)
-    slow = timing.paired_ratio(_runs([[0.5, 0.52], [0.49, 0.5], [0.51, 0.5]]))
+    slow = speeds.paired_ratio(_runs([[0.5, 0.52], [0.49, 0.5], [0.51, 0.5]]))
     assert slow["verdict"] == "slower" and slow["hi"] < 1.0
 
 
 def test_the_ratio_is_a_geometric_mean_of_per_group_medians():
-    s = timing.paired_ratio(_runs([[2.0, 2.0, 100.0], [0.5, 0.5, 0.5]]))   # an outlier round does not count
+    s = speeds.paired_ratio(_runs([[2.0, 2.0, 100.0], [0.5, 0.5, 0.5]]))   # an outlier round does not count
     assert s["ratio"] == pytest.approx(1.0)
 
 
 def test_digits_follow_the_interval():
-    wide = timing.paired_ratio(_runs([[0.6], [1.5], [0.9], [1.3]], rounds=1))
-    narrow = timing.paired_ratio(_runs([[1.001], [1.002], [0.999], [1.0]], rounds=1))
+    wide = speeds.paired_ratio(_runs([[0.6], [1.5], [0.9], [1.3]], rounds=1))
+    narrow = speeds.paired_ratio(_runs([[1.001], [1.002], [0.999], [1.0]], rounds=1))
     assert wide["digits"] <= 1 < narrow["digits"]
 
 

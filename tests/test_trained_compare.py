@@ -285,38 +285,49 @@ def test_error_split_parts_add_up_and_exact_caches_have_no_cache_part(tiny, cach
     assert np.allclose(w.loc["lazy-recompute", "total"], w.loc["lazy-recompute", "exit_decision"])
 
 
-def test_method_points_cover_every_method_and_self_speculation_is_exact(tiny, cache_dir):
+@pytest.fixture
+def units(tiny, cache_dir):
+    from earlyexit.experiments import costmodel
+
+    return costmodel.measure_units(tiny[0], ctx=16, shortlist=64, repeats=1, n_steps=4)
+
+
+def test_method_points_cover_every_method_and_self_speculation_is_exact(tiny, cache_dir, units):
     lm, es = tiny
     cfg = train_clf.ClassifierConfig(n_prompts=3, n_new=4, max_prompt_tokens=24, min_layer=3, hidden=8, epochs=2,
                                      batch_size=16)
     folder = str(train_clf.ensure(lm, cfg, root=cache_dir / "clf"))
-    pts = compare.method_points(lm, es, N, rule="softmax", thresholds=[0.3, 0.9], min_layer=3,
+    pts = compare.method_points(lm, es, N, units=units, rule="softmax", thresholds=[0.3, 0.9], min_layer=3,
                                 static_layers=[3, 5], e_mins=[3], spec=[(3, 2)], spec_set=es.subset(2),
                                 classifier=folder, classifier_thresholds=[0.5])
     assert set(pts["method"]) == set(compare.METHODS)
     # without a classifier the classifier methods are absent, not empty rows
-    plain = compare.method_points(lm, es, N, rule="softmax", thresholds=[0.9], min_layer=3, static_layers=[3],
+    plain = compare.method_points(lm, es, N, units=units, rule="softmax", thresholds=[0.9], min_layer=3, static_layers=[3],
                                   e_mins=[3], spec=[(3, 2)], spec_set=es.subset(2))
     assert set(plain["method"]) == set(compare.METHODS) - set(compare.CLASSIFIED)
     spec = pts[pts.method == "self-speculation"]
     assert (spec["consistency"] == 1.0).all() and (spec["exact_match"] == 1.0).all()
     orc = pts[pts.method == "oracle exits"]
     assert (orc["consistency"] == 1.0).all()
-    full = points.point(lm, es, N, DecodeConfig.full())
-    assert np.isclose(pts[pts.method == "lazy-recompute"]["speed"].iloc[0] * float(full["batch_tok_s"].iloc[0]),
-                      pts[pts.method == "lazy-recompute"]["batch_tok_s"].iloc[0])
+    # speeds are the cost model's: fewer layers predict a faster run, and no timing noise enters
+    static = pts[pts.method == "static exit"].groupby("label")["speed"].first()
+    assert static["static@3"] > static["static@5"] > 1.0
+    again = compare.method_points(lm, es, N, units=units, rule="softmax", thresholds=[0.9], min_layer=3,
+                                  static_layers=[3], e_mins=[3], spec=[(3, 2)], spec_set=es.subset(2))
+    pd.testing.assert_series_equal(again["speed"], plain["speed"])
     # self-speculation's layers count decoding steps only, like the other methods: at most L per draft
     # token plus the verification, never the prompt pass
     assert (spec["layers"] < 2 * lm.num_layers * 3).all() and (spec["layers"] > 0).all()
 
 
-def test_chapter_sevens_drafters_in_the_table_are_lossless_and_read_back_from_the_cache(tiny, cache_dir, monkeypatch):
+def test_chapter_sevens_drafters_in_the_table_are_lossless_and_read_back_from_the_cache(tiny, cache_dir, monkeypatch,
+                                                                                       units):
     lm, es = tiny
     sset = es.subset(2)
     L = lm.num_layers
     p7 = {"shortlist": 64, "draft_confidence": 0.5, "skip_layers": [1, 2], "skip_draft_lens": [1, 2],
           "skip_blocks": 2, "skip_block_tokens": 16, "seed": 0}
-    pts = compare.drafter_points(lm, sset, N, [(2, 2), (3, 2), (3, 3)], p7, L, plain=True)
+    pts = compare.drafter_points(lm, sset, N, [(2, 2), (3, 2), (3, 3)], p7, L, units, plain=True)
     assert set(pts["method"]) == {"self-speculation", *compare.DRAFTERS}
     # the layer-skip drafter runs at chapter 7's draft lengths over the shortlist head, as chapter 7 runs it: one
     # point per skip count and d
@@ -326,11 +337,11 @@ def test_chapter_sevens_drafters_in_the_table_are_lossless_and_read_back_from_th
     assert (pts["consistency"] == 1.0).all() and (pts["exact_match"] == 1.0).all(), "every drafter is lossless"
     assert pts[pts.method == "layer-skip drafter"]["label"].str.contains("skip 2 layers").any()
     assert pts[pts.method == "self-speculation, shortlist"]["label"].str.contains("K=64").all()
-    assert len(compare.drafter_points(lm, sset, N, [(2, 2), (3, 2), (3, 3)], p7, L)) == len(pts) - 3 * len(sset)
+    assert len(compare.drafter_points(lm, sset, N, [(2, 2), (3, 2), (3, 3)], p7, L, units)) == len(pts) - 3 * len(sset)
     # a second call times nothing: chapter 8 reads chapter 7's points
     from earlyexit.experiments import timing
     monkeypatch.setattr(timing, "best_of", lambda *a, **k: pytest.fail("timed again"))
-    again = compare.drafter_points(lm, sset, N, [(2, 2), (3, 2), (3, 3)], p7, L, plain=True)
+    again = compare.drafter_points(lm, sset, N, [(2, 2), (3, 2), (3, 3)], p7, L, units, plain=True)
     pd.testing.assert_frame_equal(again, pts)
     summ = compare.summarize(pts.assign(model="m"), n_boot=100, by=("model", "method", "label"))
     top = compare.fastest_lossless(summ)
@@ -349,13 +360,13 @@ def test_never_exits_marks_only_a_rule_that_kept_the_full_model_at_full_depth():
     assert "never" not in cells["copy-forward"]
 
 
-def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cache_dir):
+def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cache_dir, units):
     lm, _ = tiny
     s = evalset.eval_set(lm, "mix", 8, 1, 48)
     cal, test = s.part(0, 4), s.part(4, 8)
     assert cal.spec != test.spec and cal.ids == s.ids[:4]
     lam, det, res = compare.calibrate(lm, cal, test, N, rule="softmax", strategy="lazy-recompute",
-                                      thresholds=[0.9, 0.3], min_layer=2, epsilon=0.6, delta=0.2)
+                                      thresholds=[0.9, 0.3], min_layer=2, epsilon=0.6, delta=0.2, units=units)
     tested = det["threshold"].tolist()
     assert tested == [1.0, 0.9, 0.3][:len(tested)]
     # fixed-sequence testing: every λ before the last tested was accepted, and it stops at the first that is not
@@ -370,7 +381,7 @@ def test_calibration_accepts_never_exiting_and_checks_on_the_test_half(tiny, cac
         s.part(4, 9)
 
 
-def test_calibration_runs_no_threshold_after_the_first_it_cannot_reject(tiny, cache_dir, monkeypatch):
+def test_calibration_runs_no_threshold_after_the_first_it_cannot_reject(tiny, cache_dir, monkeypatch, units):
     lm, _ = tiny
     s = evalset.eval_set(lm, "mix", 8, 1, 48)
     cal, test = s.part(0, 4), s.part(4, 8)
@@ -381,7 +392,7 @@ def test_calibration_runs_no_threshold_after_the_first_it_cannot_reject(tiny, ca
     # ε = 0.05 on 4 prompts: even a perfect loss leaves the p-value above δ, so λ = 1 is not rejected
     assert metrics.hoeffding_bentkus_pvalue(0.0, 4, 0.05) > 0.2
     lam, det, res = compare.calibrate(lm, cal, test, N, rule="softmax", strategy="lazy-recompute",
-                                      thresholds=[0.9, 0.3], min_layer=2, epsilon=0.05, delta=0.2)
+                                      thresholds=[0.9, 0.3], min_layer=2, epsilon=0.05, delta=0.2, units=units)
     assert lam is None and res is None
     assert det["threshold"].tolist() == [1.0] and ran == [1.0]
 

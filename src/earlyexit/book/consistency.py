@@ -4,7 +4,8 @@
 
 A key names a fact (``head_layers``, ``oracle_exit``); a chapter that quotes another's result glues it under the
 same key, read from the same store entry, so the two pages cannot disagree. Figures and their citation notes are
-per page (their keys name a figure slot, not a fact) and are left out.
+per page (their keys name a figure slot, not a fact) and are left out, as are the keys of :data:`PER_PAGE`, which
+state how that page ran.
 """
 from __future__ import annotations
 
@@ -27,8 +28,12 @@ def glued(path: Path) -> dict:
     return out
 
 
+# what a page says of its own run: each page states the CPU threads it ran with
+PER_PAGE = frozenset({"threads", "threads_phrase"})
+
+
 def _is_fact(key: str, value: str) -> bool:
-    return not (key.endswith("_cite") or str(value).startswith("<Figure"))
+    return not (key in PER_PAGE or key.endswith("_cite") or str(value).startswith("<Figure"))
 
 
 def conflicts(pages: dict) -> list[str]:

@@ -46,7 +46,7 @@ def headline(profile: str, model: str | None = None, device: str | None = None) 
     from ..engine.models import load_model
     from ..engine.threads import set_threads
     from ..experiments import classify, evalset
-    from ..experiments.compare import best_table, model_points, summarize, wide_table
+    from ..experiments.compare import best_table, model_points, model_units, summarize, wide_table
     from ..training import checkpoints
     from . import chapter
 
@@ -66,7 +66,8 @@ def headline(profile: str, model: str | None = None, device: str | None = None) 
         sset = es.subset(min(p["spec_prompts"], len(es)))
         p9 = load_profile(profile).parameters("09_where_time_goes")
         clf = {k: classify.classifier_for(m, p9) for k, m in models.items()}
-        pts = model_points(models, released.num_layers, es, p["max_new_tokens"], p, sset, classifiers=clf,
+        pts = model_points(models, released.num_layers, es, p["max_new_tokens"], p, sset, model_units(models, p9),
+                           classifiers=clf,
                            classifier_thresholds=p9["clf_thresholds"])
         summ = summarize(pts, seed=p["seed"], n_boot=p["n_boot"], by=("model", "method", "label"))
         best, _ = best_table(summ, p["target"], chapter.model_names(p["model"]), exclude=("oracle exits", "static exit"))

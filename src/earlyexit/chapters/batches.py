@@ -10,13 +10,13 @@ import pandas as pd
 
 from ..book import plots
 from ..engine import DecodeConfig
-from ..experiments import points, timing
+from ..experiments import points, speeds, timing
 from . import words
 
 
 def batch_claim(lo: dict, hi: dict) -> str:
     """The claim of the batching paragraph, from the rule's paired speed over full depth at the smallest batch
-    (``lo``) and the largest (``hi``), each a :func:`earlyexit.experiments.timing.speed` dict: a change is claimed
+    (``lo``) and the largest (``hi``), each a :func:`earlyexit.experiments.speeds.speed` dict: a change is claimed
     only from the verdicts (intervals that exclude 1.0)."""
     v = (lo["verdict"], hi["verdict"])
     if v == ("faster", "faster"):
@@ -46,7 +46,7 @@ def batch_speeds(lm, es, n_new: int, P) -> pd.DataFrame:
     for B in sorted({min(b, len(es)) for b in P["batch_sizes"]}):
         s = es.subset(min(len(es), max(2, B))) if B == 1 else es.subset(B)
         rule_t = timing.time_point(lm, s, n_new, cf, batch=B, repeats=max(2, int(P["timing_repeats"])))
-        rows.append({"batch": B, **timing.speed(rule_t), "layers": float(rule_t["layers"].mean())})
+        rows.append({"batch": B, **speeds.speed(rule_t), "layers": float(rule_t["layers"].mean())})
     return pd.DataFrame(rows).set_index("batch")
 
 

@@ -224,7 +224,7 @@ def decision_schemes(P, L: int, min_layer: int, classifier: str) -> tuple[list[i
 def decide_figure(flm: pd.DataFrame, ts: pd.DataFrame, q: pd.DataFrame, order):
     """The schemes of ``order`` in three panels: (a) FLOPs per token over full depth split into decoder layers,
     K/V copies and head evaluations (``flm``), (b) decoding speed over full depth at batch 1, paired
-    (``ts``: :func:`earlyexit.experiments.timing.speed_table`), (c) ROUGE-L against full depth (``q``), the last
+    (``ts``: :func:`earlyexit.experiments.speeds.speed_table`), (c) ROUGE-L against full depth (``q``), the last
     two with 95% intervals."""
     fig, axes = figures.subplots(1, 3, width=figures.FULL_WIDTH, aspect=1.0)
     bottom = np.zeros(len(order))
@@ -265,7 +265,7 @@ def decide_table(q: pd.DataFrame, ts: pd.DataFrame, order):
 
 def speed_verdict(s) -> str:
     """How the scheme that checks the softmax at every allowed layer compares in speed with full depth, from its
-    paired ratio ``s`` (:func:`earlyexit.experiments.timing.speed`): slower or faster only when the interval
+    paired ratio ``s`` (:func:`earlyexit.experiments.speeds.speed`): slower or faster only when the interval
     excludes 1.0."""
     at = f"{words.ratio(s)} the speed of full depth"
     if s["verdict"] == "slower":

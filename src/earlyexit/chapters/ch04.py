@@ -56,7 +56,7 @@ def accounting_table(acc: pd.DataFrame):
 
 def timing_table(ts: pd.DataFrame, lay: pd.Series):
     """The timed methods (``ts``: paired speeds over full depth indexed by method,
-    :func:`earlyexit.experiments.timing.speed_table`; ``lay``: layer evaluations per token)."""
+    :func:`earlyexit.experiments.speeds.speed_table`; ``lay``: layer evaluations per token)."""
     return plots.table(pd.DataFrame({"method": ts.index, "speed / full depth (batch 1) [95% CI]": [
         words.ratio(r) for _, r in ts.iterrows()],
         "layer evaluations / token": lay.loc[ts.index].to_numpy()}), formats={"layer evaluations / token": "{:.1f}"})
@@ -89,7 +89,7 @@ def oracle_saving(pending: float) -> str:
 
 def lazy_vs_eager(s: dict) -> str:
     """Lazy against eager recompute with the same exits: ``s`` is lazy's speed over eager's per prompt, each
-    paired with full depth (:func:`earlyexit.experiments.timing.relative`). A verdict only when the 95% interval
+    paired with full depth (:func:`earlyexit.experiments.speeds.relative`). A verdict only when the 95% interval
     excludes 1."""
     if s["verdict"] == "faster":
         return (f"Batching the recompute pays: with the same exits, lazy recompute decodes at {words.ratio(s)} "

@@ -105,7 +105,7 @@ def speed_notes(best: pd.Series, grid: pd.DataFrame, sp: pd.DataFrame, eng_hf: p
            ("speedup_hi", "speedup_hi"), ("acc", "acceptance"), ("layers", "layers"), ("tpr", "tokens_per_round"))}
     out.update({"best_E": int(best["E"]), "best_d": int(best["d"]), "n_lossless": int(grid["lossless"].sum()),
                 "n_runs": int(len(grid)), "speed_goal_x": SPEED_GOAL, "peer_goal_x": PEER_GOAL,
-                "speed_goal": meets(best["speedup"], SPEED_GOAL), "spec_verdict": spec_verdict(best["speedup"]),
+                "speed_goal_verb": meets(best["speedup"], SPEED_GOAL), "spec_verdict": spec_verdict(best["speedup"]),
                 "full_tps": float(bg["full_tok_s"].mean()), "spec_tps": float(bg["spec_tok_s"].mean()),
                 "head_layers": head_layers})
     if eng_hf is None:

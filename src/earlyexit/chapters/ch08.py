@@ -202,7 +202,8 @@ def drafter_notes(summ: pd.DataFrame, dsumm: pd.DataFrame, dpts: pd.DataFrame, d
 def table_notes(best: pd.DataFrame, keys) -> dict:
     """The summary table's facts the prose quotes, per model of ``keys`` (``best``: per model and method the
     point of :func:`~earlyexit.experiments.compare.best_at`): which methods reach the target, self-speculation's
-    speed and layers, and each method of :data:`QUOTED`'s operating point (NaN and "none" where it did not run)."""
+    speed (the cost model's prediction, as every speed of the table) and layers, and each method of
+    :data:`QUOTED`'s operating point (NaN and "none" where it did not run)."""
     b = best.set_index(["model", "method"])
     meets = b[b.meets]
 
@@ -215,12 +216,12 @@ def table_notes(best: pd.DataFrame, keys) -> dict:
         names = list(meets.loc[key].index) if key in meets.index.get_level_values(0) else []
         out |= {f"n_meet_{k}": len(names), f"names_meet_{k}": method_names(names),
                 f"meet_sentence_{k}": reaching_sentence(names),
-                f"spec_speed_{k}": bv(key, "self-speculation", "speed"),
+                f"spec_pred_speed_{k}": bv(key, "self-speculation", "speed"),
                 f"spec_layers_{k}": bv(key, "self-speculation", "layers")}
         for m in QUOTED:
             mk = f"{k}_{m.replace(' / ', '_').replace('-', '_')}"
             ran = (key, m) in b.index
-            out |= {f"{mk}_speed": bv(key, m, "speed"), f"{mk}_layers": bv(key, m, "layers"),
+            out |= {f"{mk}_pred_speed": bv(key, m, "speed"), f"{mk}_layers": bv(key, m, "layers"),
                     f"{mk}_cons": bv(key, m, "consistency"),
                     f"{mk}_label": str(b.loc[(key, m), "label"]) if ran else "none",
                     f"{mk}_meets": reach_word(ran and bool(b.loc[(key, m), "meets"]))}

@@ -10,7 +10,7 @@ from matplotlib.lines import Line2D
 
 from ..book import figures, plots
 from ..engine import DecodeConfig
-from ..experiments import compare, costmodel, costs, frontier, points, timing
+from ..experiments import compare, costmodel, costs, frontier, points, speeds, timing
 from . import words
 
 EE = DecodeConfig.early_exit
@@ -259,7 +259,7 @@ def bounds_table(P, models: dict, tset, timed: pd.DataFrame, speed: pd.Series, u
             orc = points.point(lm, tset, P.max_new_tokens, EE("oracle", s))
             rep = costs.replay_calls(lm, tset, P.max_new_tokens, orc, s)
             rows.append({"model": key, "cache": s,
-                         "measured": timing.speed(g)["ratio"],  # paired with full depth, prompt by prompt
+                         "measured": speeds.speed(g)["ratio"],  # paired with full depth, prompt by prompt
                          "predicted": full_t / costs.seconds_per_token(g, units),
                          "free decisions": full_t / costs.seconds_per_token(g, units, free_decisions=True),
                          "oracle exits": full_t / costs.seconds_per_token(rep, units)})
@@ -380,7 +380,7 @@ def frontier_notes(front: pd.DataFrame, key: str, L: int, floor: float) -> dict:
 # --------------------------------------------------------------------------------------------- where it pays
 def batch_table(P, lm, es, tset, classifier: str) -> pd.DataFrame:
     """:data:`BATCH_METHODS` at each batch size of ``P.batch_sizes`` (cached timings; batch 1 on the timed prompts
-    ``tset``): tok_s, and the paired speed over full depth at the same batch (:func:`earlyexit.experiments.timing.speed`:
+    ``tset``): tok_s, and the paired speed over full depth at the same batch (:func:`earlyexit.experiments.speeds.speed`:
     ratio, lo, hi, verdict, digits; ``speed vs full`` = ratio; ``speed / full depth [95% CI]`` in words)."""
     ms = methods(P, lm, classifier)
     rows = []
@@ -388,7 +388,7 @@ def batch_table(P, lm, es, tset, classifier: str) -> pd.DataFrame:
         sub = tset if B == 1 else es.subset(B)
         for name in BATCH_METHODS:
             t = timing.time_point(lm, sub, P.max_new_tokens, ms[name], batch=B, repeats=P.timing_repeats)
-            rows.append({"batch": B, "method": name, "tok_s": float(t["tok_s"].mean()), **timing.speed(t)})
+            rows.append({"batch": B, "method": name, "tok_s": float(t["tok_s"].mean()), **speeds.speed(t)})
     bt = pd.DataFrame(rows)
     bt["speed vs full"] = bt["ratio"]
     bt["speed / full depth [95% CI]"] = [words.ratio(r) for _, r in bt.iterrows()]

@@ -399,7 +399,7 @@ def oracle_notes(exits, L: int, head_share: float, batches) -> dict:
     b1, bB = float(oracle_bound(h, share)), float(oracle_bound(h, bshare))
     sentence = (f"At batch one the bound is {b1:.2f} for this book's model; at batch {B} it is {bB:.2f}"
                 + (": batching erases the saving." if bB < 1.05 else "."))
-    return {"oracle_share": share, "batch_hi": B, "batch_hi_share": bshare, "batch_hi_bound": bB,
+    return {"oracle_share": share, "pays_batch_hi": B, "batch_hi_share": bshare, "batch_hi_bound": bB,
             "batch_sentence": sentence, "claim_batch": (
                 f"Token-level exit is bounded at batch one by its head ({b1:.2f} times full depth at best, with "
                 f"oracle exits, on this book's model) and at batch {B} by the deepest exit of the batch "

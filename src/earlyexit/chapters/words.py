@@ -1,8 +1,8 @@
-"""Words for measured speeds, shared by the chapters: a paired ratio (:func:`earlyexit.experiments.timing.speed`)
+"""Words for measured speeds, shared by the chapters: a paired ratio (:func:`earlyexit.experiments.speeds.speed`)
 printed to the decimals its interval supports, and a verdict that calls a method faster or slower only when the
 interval excludes 1.0.
 
-    s = timing.speed(timing.time_point(lm, es, n_new, cfg))
+    s = speeds.speed(timing.time_point(lm, es, n_new, cfg))
     ratio(s)                        # '0.93× [0.88, 0.98]'
     versus(s)                       # 'slower than full depth'
     sentence("Lazy recompute", s)   # 'Lazy recompute runs at 0.93× [0.88, 0.98] the speed of full depth: slower.'

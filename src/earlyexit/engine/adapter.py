@@ -74,11 +74,15 @@ class Adapter:
         self.weights_id = getattr(lm, "weights_sha256", None) if not isinstance(lm, Adapter) else lm.weights_id
         # pack: None = where it pays (a CPU with oneDNN, float32 or bfloat16); False = the modules' own layout
         if pack is None:
-            pack = self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and onednn_available()
+            pack = self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and \
+                onednn_available(self.dtype)
         elif pack and not (self.device.type == "cpu" and onednn_available()):
             raise ValueError(f"packed weights need a CPU torch build with oneDNN; this model is on "
                              f"{self.device.type} (torch.backends.mkldnn.is_available() = "
                              f"{torch.backends.mkldnn.is_available()}): use pack=None or False")
+        elif pack and not onednn_available(self.dtype):
+            raise ValueError(f"oneDNN cannot pack {self.dtype} weights on this CPU (its bf16 path needs AVX-512 "
+                             f"BW/VL/DQ or AVX-NE-CONVERT): use pack=None (the modules' own layout here) or False")
         self.pack = pack
         self.packed: Packed | None = None
 
@@ -188,9 +192,21 @@ def adapter(lm) -> Adapter:
     return lm if isinstance(lm, Adapter) else Adapter(lm)
 
 
-def onednn_available() -> bool:
-    """Whether this torch build has oneDNN's prepacked linear (its x86 and Arm CPU builds do)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build has oneDNN's prepacked linear (its x86 and Arm CPU builds do) and this CPU can
+    pack weights of ``dtype`` (bfloat16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT: tried once on a tiny weight)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    if dtype not in _PACKABLE:
+        try:
+            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), PACK_HINT_ROWS)
+            _PACKABLE[dtype] = True
+        except RuntimeError:
+            _PACKABLE[dtype] = False
+    return _PACKABLE[dtype]
+
+
+_PACKABLE: dict = {}   # dtype -> whether this CPU packs it
 
 
 def _blocked(W: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from .. import store
 from ..engine import DecodeConfig, decode
-from . import costmodel, forced, shapes, timing
+from . import costmodel, forced, shapes, speeds, timing
 from .evalset import EvalSet
 
 UNIT_KS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 40)   # layer calls over k tokens: a draft (1), a verification (d + 1),
@@ -92,7 +92,7 @@ def spec_bounds(name: str, exit_layer: int, draft_len: int, n_new: int = 16, n_p
             runs = timing.paired_runs(model, es, n_new, cfg, rounds=rounds)
             sp = decode(model, es.ids, cfg, n_new, stop_at_eos=False)
             full = decode(model, es.ids, DecodeConfig.full(), n_new, stop_at_eos=False)
-            summary = timing.paired_ratio(runs)
+            summary = speeds.paired_ratio(runs)
             rows.append({"shape": name, "construction": construction, "E": exit_layer, "d": draft_len,
                          "L": s.layers, "acceptance": sp.acceptance, "ratio": summary["ratio"],
                          "lo": summary["lo"], "hi": summary["hi"], "verdict": summary["verdict"],

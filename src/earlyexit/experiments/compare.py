@@ -13,8 +13,11 @@ chapter computed it.
 
 Columns of :func:`method_points` (one row per prompt and point): method, label, layers (decoder layers
 per generated token, recomputation included), consistency (ROUGE-L of the token ids against the full
-model's output), exact_match, speed (tokens/s relative to full depth, measured in the same mode: the batch
-of prompts for the batched methods, batch 1 for self-speculation), plus the point's own columns.
+model's output), exact_match, speed (relative to full depth, *predicted* by the cost model of chapter 9
+(:mod:`earlyexit.experiments.costmodel`) from what each run did: a batch's one wall time, or a method and full
+depth timed at different moments, is no ratio to cite, and timing every point of every model in turn with
+full depth would cost more than the rest of the book; the paired measurements live in chapters 3-5, 7 and 9),
+plus the point's own columns.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine import DecodeConfig
-from . import metrics, points, timing
+from . import costs, metrics, points, timing
 from .evalset import EvalSet
 
 FILL = ("naive-mask", "naive-undefined", "copy-forward", "lazy-recompute", "eager-recompute")
@@ -47,14 +50,22 @@ def method_configs(L: int, n_new: int, *, rule: str, thresholds, min_layer: int,
     return cfgs
 
 
-def method_points(lm, es: EvalSet, n_new: int, *, rule: str, thresholds, min_layer: int, static_layers,
-                  e_mins, spec=(), spec_set: EvalSet | None = None, strategies=FILL, skip_warmup: int = 1,
-                  spec_repeats: int = 1, classifier: str | None = None, classifier_thresholds=()) -> pd.DataFrame:
-    """Every method's points on ``lm`` (see the module docstring); one row per prompt and point. With
-    ``classifier`` (a trained exit classifier's folder) also the classifier rule at ``classifier_thresholds``
-    with the caches of :data:`CLASSIFIER_CACHES` (methods "classifier / <cache>")."""
+def predicted_speed(calls, full_calls, units: pd.DataFrame) -> float:
+    """Full depth's predicted decoding time over a run's (both calls records, decode phase; ``units`` from
+    :func:`earlyexit.experiments.costmodel.measure_units` on a model of the same shape)."""
+    return costs.predicted_seconds(full_calls, units, ("decode",)) / costs.predicted_seconds(calls, units, ("decode",))
+
+
+def method_points(lm, es: EvalSet, n_new: int, *, units: pd.DataFrame, rule: str, thresholds, min_layer: int,
+                  static_layers, e_mins, spec=(), spec_set: EvalSet | None = None, strategies=FILL,
+                  skip_warmup: int = 1, spec_repeats: int = 1, classifier: str | None = None,
+                  classifier_thresholds=()) -> pd.DataFrame:
+    """Every method's points on ``lm`` (see the module docstring; ``units``: the cost model's unit costs on a
+    model of ``lm``'s shape); one row per prompt and point. With ``classifier`` (a trained exit classifier's
+    folder) also the classifier rule at ``classifier_thresholds`` with the caches of :data:`CLASSIFIER_CACHES`
+    (methods "classifier / <cache>")."""
     full = points.point(lm, es, n_new, DecodeConfig.full())
-    full_speed = float(full["batch_tok_s"].iloc[0])
+    full_calls = full["calls"].iloc[0]
     cfgs = method_configs(lm.num_layers, n_new, rule=rule, thresholds=thresholds, min_layer=min_layer,
                           static_layers=static_layers, e_mins=e_mins, strategies=strategies, skip_warmup=skip_warmup)
     if classifier:
@@ -64,11 +75,11 @@ def method_points(lm, es: EvalSet, n_new: int, *, rule: str, thresholds, min_lay
     df["method"] = np.select([df.rule == "static", df.rule == "skipdecode", df.rule == "oracle", df.rule == "classifier"],
                              ["static exit", "SkipDecode", "oracle exits", "classifier / " + df.strategy], df.strategy)
     df["consistency"] = df["rouge_full"]
-    df["speed"] = df["batch_tok_s"] / full_speed
+    df["speed"] = [predicted_speed(c, full_calls, units) for c in df["calls"]]
     frames = [df]
     sset = spec_set or es
     for (E, d), sp in _spec_grid(lm, sset, n_new, spec, spec_repeats).items():
-        frames.append(_spec_rows(sp, "self-speculation", DecodeConfig.self_speculation(E, d)))
+        frames.append(_spec_rows(sp, "self-speculation", DecodeConfig.self_speculation(E, d), units))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -89,28 +100,31 @@ def spec_configs(p, released_layers: int, L: int) -> list[tuple[int, int]]:
 DRAFTERS = ("self-speculation, shortlist", "self-speculation, adaptive d", "layer-skip drafter")
 
 
-def _spec_rows(sp: pd.DataFrame, method: str, cfg: DecodeConfig) -> pd.DataFrame:
+def _spec_rows(sp: pd.DataFrame, method: str, cfg: DecodeConfig, units: pd.DataFrame) -> pd.DataFrame:
+    speed = [predicted_speed(s, f, units) for s, f in zip(sp["spec_calls"], sp["full_calls"])]
     return pd.DataFrame({
         "prompt": sp["prompt"], "method": method, "rule": "self-speculation", "strategy": "self-speculation",
         "label": [cfg.label] * len(sp), "layers": sp["layers"], "consistency": np.where(sp["lossless"], 1.0, np.nan),
-        "exact_match": sp["lossless"].astype(float), "speed": sp["speedup"], "acceptance": sp["acceptance"]})
+        "exact_match": sp["lossless"].astype(float), "speed": speed, "acceptance": sp["acceptance"]})
 
 
-def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers: int, repeats: int = 1,
-                   plain: bool = False) -> pd.DataFrame:
+def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers: int, units: pd.DataFrame,
+                   repeats: int = 1, plain: bool = False) -> pd.DataFrame:
     """Chapter 7's drafters on ``lm``, as rows of :func:`method_points`: at the model's fastest plain (E, d) of
     ``spec`` (timed), the shortlist draft head (``p7["shortlist"]`` rows) and the adaptive draft length
     (``p7["draft_confidence"]``, d up to the longest of ``spec``, full head and shortlist); and the training-free
     layer-skipping drafter (``p7["skip_layers"]`` of ``released_layers`` layers left out, scaled to ``lm``'s depth,
     chosen by :func:`~earlyexit.experiments.probes.skip_search` on chapter 7's blocks) at every d of
-    ``p7["skip_draft_lens"]`` over the shortlist head, as chapter 7 runs it. With ``plain`` the plain grid's rows too (a model :func:`model_points` does not cover). The parameters
-    are chapter 7's, so its timed points are read from the result cache, not timed again."""
+    ``p7["skip_draft_lens"]`` over the shortlist head, as chapter 7 runs it. With ``plain`` the plain grid's rows
+    too (a model :func:`model_points` does not cover). The parameters are chapter 7's, so its timed points are
+    read from the result cache, not timed again; the fastest (E, d) is chosen by its measured speed, as chapter
+    7 chooses it, and every row's ``speed`` is the cost model's (``units``), as in :func:`method_points`."""
     from . import probes
 
     L = lm.num_layers
     SS = DecodeConfig.self_speculation
     grid = _spec_grid(lm, spec_set, n_new, spec, repeats)
-    frames = [_spec_rows(g, "self-speculation", SS(E, d)) for (E, d), g in grid.items()] if plain else []
+    frames = [_spec_rows(g, "self-speculation", SS(E, d), units) for (E, d), g in grid.items()] if plain else []
     bE, bd = max(grid, key=lambda k: float(grid[k]["speedup"].mean()))
     d_max = max(d for _, d in grid)
     K, c = int(p7["shortlist"]), float(p7["draft_confidence"])
@@ -118,7 +132,7 @@ def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers:
                              ("self-speculation, adaptive d", bE, d_max, dict(confidence=c)),
                              ("self-speculation, adaptive d", bE, d_max, dict(shortlist=K, confidence=c))):
         sp = timing.spec_point(lm, spec_set, n_new, E, d, repeats=repeats, peer=False, **kw)
-        frames.append(_spec_rows(sp, method, SS(E, d, **kw)))
+        frames.append(_spec_rows(sp, method, SS(E, d, **kw), units))
     n_skip = scale_layers(p7["skip_layers"], released_layers, L, 1, L - 2)
     path = probes.skip_search(lm, p7["skip_blocks"], p7["skip_block_tokens"], max(n_skip), seed=p7["seed"])
     path = path.set_index("n_skip")
@@ -126,33 +140,52 @@ def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers:
         skip = tuple(int(x) for x in path.loc[n, "skip"].split())
         for d in p7["skip_draft_lens"]:
             sp = timing.spec_point(lm, spec_set, n_new, L, d, repeats=repeats, peer=False, skip=skip, shortlist=K)
-            frames.append(_spec_rows(sp, "layer-skip drafter", SS(L, d, skip=skip, shortlist=K)))
+            frames.append(_spec_rows(sp, "layer-skip drafter", SS(L, d, skip=skip, shortlist=K), units))
     return pd.concat(frames, ignore_index=True)
 
 
-def drafters(models: dict, released_layers: int, spec_set: EvalSet, n_new: int, p, p7) -> pd.DataFrame:
+def model_units(models: dict, p9) -> dict:
+    """{key: the cost model's unit costs} for each model of ``models`` (key -> LoadedModel), timed once per shape
+    with chapter 9's parameters ``p9`` (``unit_ctx``, ``shortlist``, ``unit_repeats``): a trained checkpoint
+    costs what the released model of its shape costs."""
+    from . import costmodel
+
+    by_shape, out = {}, {}
+    for key, lm in models.items():
+        c = lm.config
+        shape = (c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                 c.num_key_value_heads, c.vocab_size)
+        if shape not in by_shape:
+            by_shape[shape] = costmodel.measure_units(lm, ctx=p9["unit_ctx"], shortlist=p9["shortlist"],
+                                                      repeats=p9["unit_repeats"])
+        out[key] = by_shape[shape]
+    return out
+
+
+def drafters(models: dict, released_layers: int, spec_set: EvalSet, n_new: int, p, p7, units: dict) -> pd.DataFrame:
     """:func:`drafter_points` for each model of ``models`` (key -> LoadedModel) with chapter 8's parameters ``p``
-    and chapter 7's ``p7``; the plain grid too for a model chapter 8's sweep does not cover (not in ``p["models"]``).
-    Adds ``model``, ``L``."""
+    and chapter 7's ``p7`` (``units``: :func:`model_units`); the plain grid too for a model chapter 8's sweep does
+    not cover (not in ``p["models"]``). Adds ``model``, ``L``."""
     frames = []
     for key, lm in models.items():
         pts = drafter_points(lm, spec_set, n_new, spec_configs(p, released_layers, lm.num_layers), p7,
-                             released_layers, p["timing_repeats"], plain=key not in p["models"])
+                             released_layers, units[key], p["timing_repeats"], plain=key not in p["models"])
         frames.append(pts.assign(model=key, L=lm.num_layers))
     return pd.concat(frames, ignore_index=True)
 
 
-def model_points(models: dict, released_layers: int, es: EvalSet, n_new: int, p, spec_set: EvalSet,
+def model_points(models: dict, released_layers: int, es: EvalSet, n_new: int, p, spec_set: EvalSet, units: dict,
                  classifiers: dict | None = None, classifier_thresholds=()) -> pd.DataFrame:
     """:func:`method_points` for each model of ``models`` (key -> LoadedModel) with chapter 8's parameters
     ``p``: the released model's thresholds, the trained model's, or the from-scratch models'; layer choices
-    made for the released model's depth mapped to each model's (:func:`scale_layers`). Adds ``model``, ``L``."""
+    made for the released model's depth mapped to each model's (:func:`scale_layers`); ``units``:
+    :func:`model_units`. Adds ``model``, ``L``."""
     frames = []
     for key, lm in models.items():
         L = lm.num_layers
         thr = {"released": p["thresholds"], "trained": p["trained_thresholds"]}.get(key, p["scratch_thresholds"])
         spec = spec_configs(p, released_layers, L)
-        pts = method_points(lm, es, n_new, rule=p["rule"], thresholds=thr,
+        pts = method_points(lm, es, n_new, units=units[key], rule=p["rule"], thresholds=thr,
                             min_layer=points.default_min_layer(p["min_layer"], L),
                             static_layers=scale_layers(p["static_layers"], released_layers, L),
                             e_mins=scale_layers(p["e_mins"], released_layers, L, 2), spec=spec, spec_set=spec_set,
@@ -241,7 +274,7 @@ def error_split(lm, es: EvalSet, n_new: int, *, rule: str, threshold: float, min
 
 
 def calibrate(lm, cal: EvalSet, test: EvalSet, n_new: int, *, rule: str, strategy: str, thresholds,
-              min_layer: int, epsilon: float, delta: float,
+              min_layer: int, epsilon: float, delta: float, units: pd.DataFrame,
               rule_args: dict | None = None) -> tuple[float | None, pd.DataFrame, pd.DataFrame]:
     """Learn then Test for a confidence threshold λ (Angelopoulos et al. 2021; CALM §4).
 
@@ -251,7 +284,8 @@ def calibrate(lm, cal: EvalSet, test: EvalSet, n_new: int, *, rule: str, strateg
     testing: family-wise error ≤ δ). With probability ≥ 1 − δ over the calibration draw, every accepted λ has
     risk ≤ ε. The thresholds after the first one not rejected are not run: the procedure never looks at
     them. Returns (the smallest accepted λ or None, the test details per λ tested, and the chosen λ's
-    result on the held-out test prompts as a one-row summary with intervals)."""
+    result on the held-out test prompts as a one-row summary with intervals; its speed is the cost model's,
+    ``units``, as in :func:`method_points`)."""
     lams = [1.0] + sorted({float(t) for t in thresholds if t < 1.0}, reverse=True)
     extra = dict(rule_args or {})
     tested, losses, layers = [], [], []
@@ -271,8 +305,8 @@ def calibrate(lm, cal: EvalSet, test: EvalSet, n_new: int, *, rule: str, strateg
                                                                    **extra))
         t["consistency"] = t["rouge_full"]
         t["risk"] = 1.0 - t["rouge_full"]
-        full_speed = float(points.point(lm, test, n_new, DecodeConfig.full())["batch_tok_s"].iloc[0])
-        t["speed"] = t["batch_tok_s"] / full_speed
+        full_calls = points.point(lm, test, n_new, DecodeConfig.full())["calls"].iloc[0]
+        t["speed"] = predicted_speed(t["calls"].iloc[0], full_calls, units)
         result = points.summary(t.assign(split="test"), "split", ["consistency", "risk", "layers", "speed"])
     return best, details, result
 

@@ -7,8 +7,7 @@ The protocol every speed ratio of the book follows (:func:`time_point`, :func:`p
 its reference (full depth, same model, prompts and threads) run in turn, prompt by prompt, for several rounds,
 the order alternating by round, after one untimed warm-up of each. Whatever else the machine does in those
 minutes slows both alike. The ratio is taken per prompt (its median over rounds) and summarized by
-:func:`paired_ratio`: the geometric mean over prompts with a 95% t-interval, a verdict ("faster", "slower")
-only when the interval excludes 1.0, and the decimals the interval supports.
+:mod:`earlyexit.experiments.speeds` (kept apart, so that its statistics can change without re-timing).
 """
 from __future__ import annotations
 
@@ -92,8 +91,8 @@ def time_point(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, batch: int = 1, r
     spread gives the interval), ``n_new`` tokens each without stopping at EOS. Columns: ``tok_s`` and ``ref_tok_s`` (decoding steps per second of the method and of full depth, their
     fastest round), ``ratio`` (the method's speed over full depth's, median over rounds of the per-round ratio),
     ``round_ratios`` (each round's, space-separated), ``wall_s`` and ``prefill_s`` (the method's fastest round),
-    ``layers``, ``head_checks`` and ``calls`` of the method's run. :func:`speed` turns the rows into a ratio
-    with its interval."""
+    ``layers``, ``head_checks`` and ``calls`` of the method's run. :func:`earlyexit.experiments.speeds.speed`
+    turns the rows into a ratio with its interval."""
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats (timing rounds) must be an int >= 1, got {repeats!r}")
     if not isinstance(batch, int) or not 1 <= batch <= len(es):
@@ -114,14 +113,6 @@ def time_point(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, batch: int = 1, r
     df.insert(1, "rule", cols["rule"])
     df.insert(2, "strategy", cols["strategy"])
     return df
-
-
-def speed(tp: pd.DataFrame) -> dict:
-    """The speed relative to full depth of a :func:`time_point` table (or several concatenated rows of one
-    configuration), as :func:`paired_ratio` gives it: ratio, lo, hi, verdict, digits, groups, rounds."""
-    rows = [{"group": i, "round": k, "ratio": float(x)}
-            for i, r in enumerate(tp.itertuples()) for k, x in enumerate(str(r.round_ratios).split())]
-    return paired_ratio(pd.DataFrame(rows))
 
 
 def time_replay(lm, es: EvalSet, n_new: int, df: pd.DataFrame, strategy: str, repeats: int = 2) -> pd.DataFrame:
@@ -284,55 +275,3 @@ def paired_runs(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, ref: DecodeConfi
     df = store.cached("paired_timing", params, compute, model=lm)
     df["ratio"] = df["ref_s"] / df["method_s"]
     return df
-
-
-# two-sided 95% quantiles of Student's t, by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t975(df: int) -> float:
-    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    return _T975[df - 1] if df <= len(_T975) else 1.96
-
-
-def paired_ratio(runs: pd.DataFrame) -> dict:
-    """The method's speed relative to its reference from :func:`paired_runs` rows (``group``, ``round``,
-    ``ratio``): each group's median ratio over rounds, their geometric mean over groups (``ratio``) and its 95%
-    t-interval over groups (``lo``, ``hi``); with a single group, the mean and t-interval of its rounds' log
-    ratios. ``verdict`` is "faster" or "slower" only when the interval excludes 1.0, else "no different" (also
-    when one run leaves no interval: ``lo`` and ``hi`` NaN); ``digits`` is how many decimals the interval
-    supports (its half-width to one significant figure, 1 to 3)."""
-    import numpy as np
-
-    per = np.log(runs.groupby("group")["ratio"].median().to_numpy())
-    logs = per if len(per) > 1 else np.log(runs["ratio"].to_numpy())
-    m = float(logs.mean())
-    if len(logs) > 1:
-        half = t975(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
-        lo, hi = math.exp(m - half), math.exp(m + half)
-    else:
-        lo = hi = float("nan")
-    verdict = "faster" if lo > 1.0 else "slower" if hi < 1.0 else "no different"
-    width = (hi - lo) / 2 if math.isfinite(lo) else 0.005
-    digits = max(1, min(3, -int(math.floor(math.log10(max(width, 1e-12))))))
-    return {"ratio": math.exp(m), "lo": lo, "hi": hi, "verdict": verdict, "digits": digits,
-            "groups": int(len(per)), "rounds": int(runs["round"].nunique())}
-
-
-def speed_table(times: pd.DataFrame, by: str) -> pd.DataFrame:
-    """:func:`speed` of each configuration in ``times`` (concatenated :func:`time_point` tables told apart by
-    column ``by``), in their order of appearance: one row per configuration, columns ratio, lo, hi, verdict,
-    digits, groups, rounds."""
-    names = list(dict.fromkeys(times[by]))
-    return pd.DataFrame([speed(times[times[by] == n]) for n in names], index=pd.Index(names, name=by))
-
-
-def relative(a: pd.DataFrame, b: pd.DataFrame) -> dict:
-    """The speed of configuration ``a`` over that of ``b``, both :func:`time_point` (or :func:`time_replay`)
-    tables on the same prompts, each paired with full depth: per prompt, a's ratio over b's (full depth's speed
-    in each window cancels), summarized as :func:`paired_ratio` does."""
-    x = a.set_index("prompt")["ratio"] / b.set_index("prompt")["ratio"]
-    return paired_ratio(pd.DataFrame({"group": range(len(x)), "round": 0, "ratio": x.to_numpy()}))

@@ -1,0 +1,71 @@
+"""A speed ratio from paired timings (:mod:`earlyexit.experiments.timing`): the geometric mean over prompts of
+each prompt's ratio (its median over rounds), a 95% t-interval, a verdict ("faster", "slower") only when the
+interval excludes 1.0, and the decimals the interval supports. Kept apart from the timing code, whose changes
+re-time every entry, so that the statistics can change without re-timing.
+
+    s = speeds.speed(timing.time_point(lm, es, n_new, cfg))   # {"ratio", "lo", "hi", "verdict", "digits", ...}
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+
+# two-sided 95% quantiles of Student's t, by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def paired_ratio(runs: pd.DataFrame) -> dict:
+    """The method's speed relative to its reference from :func:`~earlyexit.experiments.timing.paired_runs` rows (``group``, ``round``,
+    ``ratio``): each group's median ratio over rounds, their geometric mean over groups (``ratio``) and its 95%
+    t-interval over groups (``lo``, ``hi``); with a single group, the mean and t-interval of its rounds' log
+    ratios. ``verdict`` is "faster" or "slower" only when the interval excludes 1.0, else "no different" (also
+    when one run leaves no interval: ``lo`` and ``hi`` NaN); ``digits`` is how many decimals the interval
+    supports (its half-width to one significant figure, 1 to 3)."""
+    per = np.log(runs.groupby("group")["ratio"].median().to_numpy())
+    logs = per if len(per) > 1 else np.log(runs["ratio"].to_numpy())
+    m = float(logs.mean())
+    if len(logs) > 1:
+        half = t975(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+        lo, hi = math.exp(m - half), math.exp(m + half)
+    else:
+        lo = hi = float("nan")
+    verdict = "faster" if lo > 1.0 else "slower" if hi < 1.0 else "no different"
+    width = (hi - lo) / 2 if math.isfinite(lo) else 0.005
+    digits = max(1, min(3, -int(math.floor(math.log10(max(width, 1e-12))))))
+    return {"ratio": math.exp(m), "lo": lo, "hi": hi, "verdict": verdict, "digits": digits,
+            "groups": int(len(per)), "rounds": int(runs["round"].nunique())}
+
+
+def speed(tp: pd.DataFrame) -> dict:
+    """The speed relative to full depth of a :func:`~earlyexit.experiments.timing.time_point` table (or several concatenated rows of one
+    configuration), as :func:`paired_ratio` gives it: ratio, lo, hi, verdict, digits, groups, rounds."""
+    rows = [{"group": i, "round": k, "ratio": float(x)}
+            for i, r in enumerate(tp.itertuples()) for k, x in enumerate(str(r.round_ratios).split())]
+    return paired_ratio(pd.DataFrame(rows))
+
+
+def speed_table(times: pd.DataFrame, by: str) -> pd.DataFrame:
+    """:func:`speed` of each configuration in ``times`` (concatenated :func:`~earlyexit.experiments.timing.time_point` tables told apart by
+    column ``by``), in their order of appearance: one row per configuration, columns ratio, lo, hi, verdict,
+    digits, groups, rounds."""
+    names = list(dict.fromkeys(times[by]))
+    return pd.DataFrame([speed(times[times[by] == n]) for n in names], index=pd.Index(names, name=by))
+
+
+def relative(a: pd.DataFrame, b: pd.DataFrame) -> dict:
+    """The speed of configuration ``a`` over that of ``b``, both :func:`~earlyexit.experiments.timing.time_point` (or :func:`~earlyexit.experiments.timing.time_replay`)
+    tables on the same prompts, each paired with full depth: per prompt, a's ratio over b's (full depth's speed
+    in each window cancels), summarized as :func:`paired_ratio` does."""
+    x = a.set_index("prompt")["ratio"] / b.set_index("prompt")["ratio"]
+    return paired_ratio(pd.DataFrame({"group": range(len(x)), "round": 0, "ratio": x.to_numpy()}))
