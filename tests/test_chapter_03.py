@@ -107,10 +107,13 @@ def test_paired_differences_table_and_lookup():
 
 
 def test_drift_and_decide_tables_say_n_a_where_a_cache_makes_no_copies():
-    dr = pd.DataFrame({"strategy": ["copy-forward", "naive-mask"], "kl": [0.01, 0.02], "k_err_copied": [0.4, np.nan],
-                       "v_err_copied": [0.5, np.nan], "k_err_computed": [0.01, 0.02], "v_err_computed": [0.01, 0.02]})
-    t = ch03.drift_table(dr)
+    dr = pd.DataFrame({"strategy": ["copy-forward", "naive-mask", "copy-forward"], "exit": [30, 30, 12],
+                       "kl": [0.01, 0.02, 3.0], "k_err_copied": [0.4, np.nan, 0.4], "v_err_copied": [0.5, np.nan, 0.5],
+                       "k_err_computed": [0.01, 0.02, 0.01], "v_err_computed": [0.01, 0.02, 0.01]})
+    t = ch03.drift_table(dr, 30)
     assert list(t.data["cache"]) == ["copy-forward", "naive-mask"]
+    # the KL counts the full-depth steps only, as the text does (an exit step reads another layer's distribution)
+    assert list(t.data["KL from full at full-depth steps (nats)"]) == ["0.01", "0.02"]
     html = t.to_html()
     assert "n/a" in html and ">nan<" not in html and "k_err" not in html
     q = pd.DataFrame({"layers": [30.0, 20.0], "head_checks": [1.0, 9.0], "flop_fraction": [1.0, 0.9],
@@ -167,3 +170,23 @@ def test_copies_sentence_none_far_off_close():
     assert "far from" in far and "0.80 for K, 0.60 for V): on this model a copy is a rough guess." in far
     assert "off from" in ch03.copies_sentence(0.1, 0.2) and ch03.copies_sentence(0.1, 0.2).endswith("for V).")
     assert "close to" in ch03.copies_sentence(0.01, 0.02)
+
+
+def test_kl_trend_and_its_sentence_grow_shrink_flat_and_too_few():
+    def klw(slopes, noise=0.0):
+        rows = []
+        for p, sl in enumerate(slopes):
+            for k, w in enumerate((64, 192, 320, 448)):
+                rows.append({"strategy": "copy-forward", "prompt": p, "window": w,
+                             "kl": 0.1 + sl * w / 1000 + noise * (-1) ** (k + p)})
+        return pd.DataFrame(rows)
+
+    up = ch03.kl_trend(klw([0.5, 0.6, 0.55]), "copy-forward")
+    assert up["n"] == 3 and up["lo"] > 0 and abs(up["slope"] - 0.55) < 1e-9
+    assert ch03.trend_sentence(up, 512).startswith("Over 512 generated tokens the copies' KL grows with the position: +0.55")
+    down = ch03.kl_trend(klw([-0.5, -0.6, -0.55]), "copy-forward")
+    assert "shrinks" in ch03.trend_sentence(down, 512)
+    flat = ch03.kl_trend(klw([0.2, -0.2, 0.01], noise=0.01), "copy-forward")
+    assert flat["lo"] < 0 < flat["hi"] and "shows no trend" in ch03.trend_sentence(flat, 1024)
+    one = ch03.kl_trend(klw([0.5]), "copy-forward")
+    assert one["n"] == 1 and ch03.trend_sentence(one, 1024).startswith("Too few prompts")

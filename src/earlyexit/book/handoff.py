@@ -37,10 +37,11 @@ def load_trained(P, which: str = "layerskip", progress: bool = True):
     return checkpoints.load(recipe, device=P["device"], dtype=P["dtype"], progress=progress)
 
 
-def headline(profile: str, model: str | None = None, device: str | None = None) -> pd.DataFrame:
-    """The front page's table: chapter 8's summary table (:func:`~earlyexit.experiments.compare.wide_table`) restricted to the released and
-    the trained model, with the comparison chapter's parameters under ``profile``. Every number is read from
-    the result cache when the comparison chapter has run (the runner executes the front page last)."""
+def headline(profile: str, model: str | None = None, device: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The front page's table: (the best point per model and method, :func:`~earlyexit.experiments.compare.best_at`;
+    chapter 8's summary table of them, :func:`~earlyexit.experiments.compare.wide_table`) restricted to the
+    released and the trained model, with the comparison chapter's parameters under ``profile``. Every number is
+    read from the result cache when the comparison chapter has run (the runner executes the front page last)."""
     import torch
 
     from ..engine.models import load_model
@@ -71,6 +72,6 @@ def headline(profile: str, model: str | None = None, device: str | None = None) 
                            classifier_thresholds=p9["clf_thresholds"])
         summ = summarize(pts, seed=p["seed"], n_boot=p["n_boot"], by=("model", "method", "label"))
         best, _ = best_table(summ, p["target"], chapter.model_names(p["model"]), exclude=("oracle exits", "static exit"))
-        return wide_table(best, chapter.model_names(p["model"]), {k: m.num_layers for k, m in models.items()})
+        return best, wide_table(best, chapter.model_names(p["model"]), {k: m.num_layers for k, m in models.items()})
     finally:
         torch.set_num_threads(before)

@@ -190,14 +190,50 @@ def drift_figure(kl_s: pd.DataFrame, err_s: pd.DataFrame, colors: dict):
     return fig
 
 
-def drift_table(dr: pd.DataFrame):
-    """Per cache, over every step of the long generations: the KL from the full model and the relative error of
-    copied and of computed keys and values ("n/a" where a cache makes no copies)."""
-    cols = {"kl": "KL from full, all steps (nats)", "k_err_copied": "rel. error of copied K (n/a: no copies)",
+def drift_table(dr: pd.DataFrame, L: int):
+    """Per cache, over the long generations: the KL from the full model at the steps that ran all ``L`` layers
+    (as the text and figure count it) and the relative error of copied and of computed keys and values ("n/a"
+    where a cache makes no copies)."""
+    cols = {"kl": "KL from full at full-depth steps (nats)", "k_err_copied": "rel. error of copied K",
             "v_err_copied": "rel. error of copied V", "k_err_computed": "rel. error of computed K",
             "v_err_computed": "rel. error of computed V"}
-    m = dr.groupby("strategy", sort=False)[list(cols)].mean()
-    return plots.table(m, {"strategy": "cache", **cols}, {c: "{:.3g}" for c in cols})
+    m = dr.groupby("strategy", sort=False)[list(cols)[1:]].mean()
+    m.insert(0, "kl", dr[dr["exit"] == L].groupby("strategy", sort=False)["kl"].mean())
+    shown = pd.DataFrame({"cache": m.index.to_numpy(), **{name: [f"{v:.3g}" if np.isfinite(v) else "n/a" for v in m[c]]
+                                                        for c, name in cols.items()}})
+    return plots.table(shown)
+
+
+def kl_trend(klw: pd.DataFrame, strategy: str) -> dict:
+    """How the KL at full-depth steps moves with the position under ``strategy``: per prompt, the least-squares
+    slope of its mean KL per window (``klw``: strategy, prompt, window, kl) against the window's centre, in nats
+    per 1000 tokens; their mean over prompts with a 95% t-interval (``lo``, ``hi`` NaN under two prompts)."""
+    from ..experiments.speeds import t975
+
+    slopes = []
+    for _, g in klw[klw.strategy == strategy].dropna(subset=["kl"]).groupby("prompt"):
+        if g["window"].nunique() >= 2:
+            slopes.append(float(np.polyfit(g["window"].to_numpy(float) / 1000, g["kl"].to_numpy(float), 1)[0]))
+    x = np.array(slopes)
+    m = float(x.mean()) if len(x) else float("nan")
+    half = t975(len(x) - 1) * float(x.std(ddof=1)) / np.sqrt(len(x)) if len(x) > 1 else float("nan")
+    return {"slope": m, "lo": m - half, "hi": m + half, "n": len(x)}
+
+
+def trend_sentence(t: dict, n_tokens: int, what: str = "the copies' KL") -> str:
+    """The trend of :func:`kl_trend` over ``n_tokens`` generated tokens in words: growth or decline only when the
+    95% interval excludes 0."""
+    if t["n"] < 2 or not np.isfinite(t["lo"]):
+        return (f"Too few prompts ran all layers in two windows or more to say how {what} moves with the "
+                f"position.")
+    at = f"{t['slope']:+.2g} nats per 1000 tokens ({t['lo']:+.2g} to {t['hi']:+.2g}, 95% interval over {t['n']} prompts)"
+    if t["lo"] > 0:
+        return f"Over {n_tokens} generated tokens {what} grows with the position: {at}."
+    if t["hi"] < 0:
+        return f"Over {n_tokens} generated tokens {what} shrinks with the position: {at}."
+    return (f"Over {n_tokens} generated tokens {what} shows no trend with the position: {at}, an interval that "
+            f"holds 0. The distortion stays at a level set by how many entries are filled rather than growing "
+            f"with the position.")
 
 
 # --------------------------------------------------------------------------- the cost of deciding

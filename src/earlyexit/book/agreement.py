@@ -1,0 +1,74 @@
+"""Do two builds of the same commit quote the same speeds? Every paired ratio a page glues reads
+"r× [lo, hi]" (:mod:`earlyexit.chapters.words`); this module reads them from two folders of executed chapters
+and says, key by key, whether the two measurements agree within their intervals and give the same verdict.
+
+    python -m earlyexit.book.agreement book/generated-run1 book/generated      # a table and a summary line
+
+A second timing run costs far less than a second build: clear the timed entries (:data:`TIMED`, e.g. with
+``earlyexit.store.clear``), keep the rest of the result store, and run the book again.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .consistency import glued
+
+# the result-store kinds that hold wall-clock measurements (cleared between two timing runs)
+TIMED = ("timing", "timing_replay", "spec_point", "side_by_side", "paired_timing", "cost_units", "shape_units",
+         "shape_spec")
+RATIO = re.compile(r"^'?(\d+(?:\.\d+)?)× \[(\d+(?:\.\d+)?), (\d+(?:\.\d+)?)\]'?$")
+
+
+def ratios(folder: Path) -> dict:
+    """{(page, key): (ratio, lo, hi)} of every glued paired ratio in the executed notebooks of ``folder``."""
+    out = {}
+    for nb in sorted(Path(folder).glob("*.ipynb")):
+        for k, v in glued(nb).items():
+            m = RATIO.match(str(v).strip())
+            if m:
+                out[(nb.stem, k)] = tuple(float(x) for x in m.groups())
+    return out
+
+
+def _verdict(lo: float, hi: float) -> str:
+    return "faster" if lo > 1 else "slower" if hi < 1 else "no different"
+
+
+def compare(a: Path, b: Path) -> pd.DataFrame:
+    """One row per ratio glued in both folders: page, key, the two (ratio, lo, hi), ``agree`` (each build's
+    ratio lies in the other's interval) and ``same_verdict``."""
+    ra, rb = ratios(a), ratios(b)
+    rows = []
+    for key in sorted(set(ra) & set(rb)):
+        (x, xl, xh), (y, yl, yh) = ra[key], rb[key]
+        rows.append({"page": key[0], "key": key[1], "a": x, "a_lo": xl, "a_hi": xh, "b": y, "b_lo": yl, "b_hi": yh,
+                     "agree": xl <= y <= xh and yl <= x <= yh,
+                     "same_verdict": _verdict(xl, xh) == _verdict(yl, yh)})
+    return pd.DataFrame(rows, columns=["page", "key", "a", "a_lo", "a_hi", "b", "b_lo", "b_hi", "agree",
+                                       "same_verdict"])
+
+
+def summary(t: pd.DataFrame) -> str:
+    """One line: how many ratios, how many disagree, how many change verdict."""
+    return (f"{len(t)} paired ratios in both builds; {int((~t['agree']).sum())} disagree (one build's ratio outside "
+            f"the other's interval); {int((~t['same_verdict']).sum())} change verdict")
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    t = compare(Path(args[0]), Path(args[1]))
+    with pd.option_context("display.width", 200, "display.max_rows", 500):
+        print(t.to_string(index=False))
+    print(summary(t))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""Two builds' paired ratios: read from the glued "r× [lo, hi]" strings, agreement within the intervals, and a
+changed verdict found."""
+import json
+
+from earlyexit.book import agreement
+
+
+def _nb(path, values: dict):
+    outs = [{"output_type": "display_data", "metadata": {"scrapbook": {"name": k, "mime_prefix": ""}},
+             "data": {"text/plain": repr(v) if isinstance(v, str) else str(v)}} for k, v in values.items()]
+    path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": "", "outputs": outs}]}))
+
+
+def test_agreement_and_verdicts(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    _nb(a / "04_x.ipynb", {"speed_lazy": "0.93× [0.88, 0.98]", "speed_full": "1.00× [0.97, 1.03]",
+                           "speed_rule": "0.45× [0.40, 0.50]", "n": 3, "only_a": "1.1× [1.0, 1.2]"})
+    _nb(b / "04_x.ipynb", {"speed_lazy": "0.97× [0.92, 1.02]", "speed_full": "1.01× [0.98, 1.04]",
+                           "speed_rule": "0.60× [0.55, 0.65]", "n": 3})
+    t = agreement.compare(a, b).set_index("key")
+    assert list(t.index) == ["speed_full", "speed_lazy", "speed_rule"]       # only ratios glued in both
+    assert t.loc["speed_full", "agree"] and t.loc["speed_full", "same_verdict"]
+    assert t.loc["speed_lazy", "agree"] and not t.loc["speed_lazy", "same_verdict"]   # slower, then no different
+    assert not t.loc["speed_rule", "agree"] and t.loc["speed_rule", "same_verdict"]
+    assert agreement.summary(t) == ("3 paired ratios in both builds; 1 disagree (one build's ratio outside the "
+                                    "other's interval); 1 change verdict")
+    assert agreement.main([str(a), str(b)]) == 0 and agreement.main([]) == 2

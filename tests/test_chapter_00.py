@@ -1,0 +1,27 @@
+"""The front page's bottom line, each branch: none, one, many methods at the target; faster, slower, about the
+same as full depth."""
+import pandas as pd
+
+from earlyexit.chapters import ch00
+
+NAMES = {"released": "SmolLM2 as released", "trained": "SmolLM2 after LayerSkip"}
+
+
+def _best(rows):
+    return pd.DataFrame(rows, columns=["model", "method", "label", "speed", "meets"])
+
+
+def test_bottom_line_each_branch():
+    best = _best([("released", "lazy-recompute", "softmax 0.99", 0.62, True),
+                  ("released", "self-speculation", "E=20 d=2", 0.97, True),
+                  ("released", "naive-mask", "softmax 0.9", 1.3, False),
+                  ("trained", "SkipDecode", "e_min=20", 1.30, True)])
+    s = ch00.bottom_line(best, NAMES, 0.95)
+    assert s == ("On SmolLM2 as released 2 methods keep a consistency of 0.95; the fastest of them is self-speculation "
+                 "(exact by construction) at E=20 d=2, predicted at 0.97× full depth: no faster than full depth. "
+                 "On SmolLM2 after LayerSkip one method keeps a consistency of 0.95; it is SkipDecode at e_min=20, "
+                 "predicted at 1.30× full depth: faster than full depth.")
+    slow = ch00.bottom_line(_best([("released", "lazy-recompute", "softmax 0.99", 0.6, True)]), NAMES, 0.9)
+    assert slow.endswith("predicted at 0.60× full depth: slower than full depth.")
+    none = ch00.bottom_line(_best([("trained", "naive-mask", "softmax 0.9", 1.3, False)]), NAMES, 0.95)
+    assert none == "On SmolLM2 after LayerSkip no method keeps a consistency of 0.95 with the full model."
