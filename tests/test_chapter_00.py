@@ -18,9 +18,11 @@ def test_bottom_line_each_branch():
                   ("trained", "SkipDecode", "e_min=20", 1.30, True)])
     s = ch00.bottom_line(best, NAMES, 0.95)
     assert s == ("On SmolLM2 as released 2 methods keep a consistency of 0.95; the fastest of them is self-speculation "
-                 "(exact by construction) at E=20 d=2, predicted at 0.97× full depth: no faster than full depth. "
+                 "at E=20 d=2 (exact by construction), predicted at 0.97× full depth: no faster than full depth. "
                  "On SmolLM2 after LayerSkip one method keeps a consistency of 0.95; it is SkipDecode at e_min=20, "
                  "predicted at 1.30× full depth: faster than full depth.")
+    named = _best([("released", "lazy-recompute", "softmax 0.99 / lazy-recompute", 0.62, True)])
+    assert "it is softmax 0.99 / lazy-recompute, predicted" in ch00.bottom_line(named, NAMES, 0.95)
     slow = ch00.bottom_line(_best([("released", "lazy-recompute", "softmax 0.99", 0.6, True)]), NAMES, 0.9)
     assert slow.endswith("predicted at 0.60× full depth: slower than full depth.")
     none = ch00.bottom_line(_best([("trained", "naive-mask", "softmax 0.9", 1.3, False)]), NAMES, 0.95)

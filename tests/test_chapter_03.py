@@ -68,6 +68,8 @@ def test_speed_verdict_slower_faster_and_no_different():
     assert ch03.speed_verdict(sp(1.01, 0.95, 1.08, "no different")) == (
         "It runs about as fast as not exiting at all: 1.01× [0.95, 1.08] the speed of full depth, an interval that "
         "holds 1.")
+    assert ch03.speed_verdict(sp(0.46, float("nan"), float("nan"), "no different")) == \
+        "It runs at 0.46× (one timed run, no interval) the speed of full depth."
 
 
 def test_unrestricted_sentence_cost_and_worth():

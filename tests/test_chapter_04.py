@@ -22,6 +22,8 @@ def test_lazy_vs_eager_faster_slower_or_indistinguishable():
     assert "slower than eager" in ch04.lazy_vs_eager(_sp(0.8, 0.7, 0.9, "slower"))
     same = ch04.lazy_vs_eager(_sp(1.01, 0.95, 1.07, "no different"))
     assert "indistinguishable" in same and "1.01× [0.95, 1.07]" in same
+    one = ch04.lazy_vs_eager(_sp(0.96, float("nan"), float("nan"), "no different"))
+    assert one == "With the same exits, lazy recompute runs at 0.96× (one timed run, no interval) eager recompute's speed."
 
 
 def _pts():

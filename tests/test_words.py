@@ -15,8 +15,11 @@ def test_ratio_prints_the_interval_at_its_digits():
     assert words.ratio(_s(1.2346, 1.2301, 1.2389, "faster", digits=3)) == "1.235× [1.230, 1.239]"
 
 
-def test_one_run_prints_no_interval():
-    assert words.ratio(_s(1.07, math.nan, math.nan, "no different")) == "1.07×"
+def test_one_run_prints_no_interval_and_gives_no_verdict():
+    one = _s(1.0712, math.nan, math.nan, "no different", digits=3)
+    assert words.ratio(one) == "1.07× (one timed run, no interval)" and not words.has_interval(one)
+    assert words.versus(one) == "one timed run, not compared with full depth"
+    assert words.sentence("X", one).endswith(": no verdict.")
 
 
 def test_each_verdict():

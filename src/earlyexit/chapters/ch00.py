@@ -27,6 +27,7 @@ def bottom_line(best: pd.DataFrame, names: dict, target: float, exact=("self-spe
                "slower than full depth" if s < 1 - PREDICTION_ERROR else "no faster than full depth")
         fastest = "it" if n == 1 else "the fastest of them"
         kind = " (exact by construction)" if top["method"] in exact else ""
-        out.append(f"On {name} {some} a consistency of {target:.2f}; {fastest} is {top['method']}{kind} at "
-                   f"{top['label']}, predicted at {s:.2f}× full depth: {how}.")
+        what = top["label"] if str(top["method"]) in str(top["label"]) else f"{top['method']} at {top['label']}"
+        out.append(f"On {name} {some} a consistency of {target:.2f}; {fastest} is {what}{kind}, predicted at "
+                   f"{s:.2f}× full depth: {how}.")
     return " ".join(out)

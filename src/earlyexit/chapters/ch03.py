@@ -308,6 +308,8 @@ def speed_verdict(s) -> str:
         return f"It is slower than not exiting at all: {at}."
     if s["verdict"] == "faster":
         return f"It is still faster than not exiting at all: {at}."
+    if not words.has_interval(s):
+        return f"It runs at {at}."
     return f"It runs about as fast as not exiting at all: {at}, an interval that holds 1."
 
 

@@ -98,6 +98,8 @@ def lazy_vs_eager(s: dict) -> str:
         return (f"With the same exits, lazy recompute is slower than eager recompute ({words.ratio(s)} its speed): "
                 f"at batch 1 on this CPU, batching the recompute does not pay for the bookkeeping of pending tokens, "
                 f"which this engine does in Python, one sequence at a time, for readability.")
+    if not words.has_interval(s):
+        return f"With the same exits, lazy recompute runs at {words.ratio(s)} eager recompute's speed."
     return (f"With the same exits, lazy and eager recompute are indistinguishable here (lazy at {words.ratio(s)} "
             f"eager's speed, an interval that holds 1): at batch 1 on this CPU the batching neither pays nor costs "
             f"measurably.")

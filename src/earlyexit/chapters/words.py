@@ -16,17 +16,25 @@ def _num(x: float, digits: int) -> str:
     return f"{x:.{digits}f}"
 
 
+def has_interval(s: dict) -> bool:
+    """Whether the ratio came with an interval (more than one prompt or round was timed)."""
+    return math.isfinite(s.get("lo", math.nan)) and math.isfinite(s.get("hi", math.nan))
+
+
 def ratio(s: dict) -> str:
-    """'r× [lo, hi]' (the 95% interval) at ``s["digits"]`` decimals; 'r×' alone when one run left no interval."""
+    """'r× [lo, hi]' (the 95% interval) at ``s["digits"]`` decimals; 'r× (one timed run, no interval)' when one
+    run left no interval."""
+    if not has_interval(s):
+        return f"{_num(s['ratio'], 2)}× (one timed run, no interval)"
     d = int(s.get("digits", 2))
-    if not (math.isfinite(s.get("lo", math.nan)) and math.isfinite(s.get("hi", math.nan))):
-        return f"{_num(s['ratio'], d)}×"
     return f"{_num(s['ratio'], d)}× [{_num(s['lo'], d)}, {_num(s['hi'], d)}]"
 
 
 def versus(s: dict, ref: str = "full depth") -> str:
     """The verdict against ``ref``: 'faster than …' or 'slower than …' only when the interval excludes 1.0,
-    else 'not measurably different from …'."""
+    else 'not measurably different from …' ('not compared with …' without an interval)."""
+    if not has_interval(s):
+        return f"one timed run, not compared with {ref}"
     v = s.get("verdict", "no different")
     if v == "faster":
         return f"faster than {ref}"
@@ -36,7 +44,9 @@ def versus(s: dict, ref: str = "full depth") -> str:
 
 
 def sentence(name: str, s: dict, ref: str = "full depth") -> str:
-    """'<name> runs at <ratio> the speed of <ref>: faster.' (or 'slower', or 'no measurable difference')."""
+    """'<name> runs at <ratio> the speed of <ref>: faster.' (or 'slower', or 'no measurable difference', or 'no
+    verdict' without an interval)."""
     v = s.get("verdict", "no different")
-    word = {"faster": "faster", "slower": "slower"}.get(v, "no measurable difference")
+    word = {"faster": "faster", "slower": "slower"}.get(v, "no measurable difference" if has_interval(s)
+                                                           else "no verdict")
     return f"{name} runs at {ratio(s)} the speed of {ref}: {word}."
