@@ -144,7 +144,7 @@ def cache_bounds(models: dict, es, n_new: int, units: pd.DataFrame) -> pd.DataFr
 
 def pareto_figure(summ: pd.DataFrame, bounds: pd.DataFrame, keys, names: dict, target: float):
     """One block per model of ``keys``: consistency against layers per token (top; self-speculation, which runs
-    its drafts and their verification, on its own scale at the right) and against measured speed (bottom): every
+    its drafts and their verification, on its own scale at the right) and against the cost model's speed (bottom): every
     method's points of ``summ`` with their intervals, the bounds (open markers), the cost model's bound of each
     cache (``bounds``, crosses) and the ``target`` consistency (dashed). Colour: the cache; marker: the family."""
     import matplotlib.pyplot as plt
@@ -168,7 +168,7 @@ def pareto_figure(summ: pd.DataFrame, bounds: pd.DataFrame, keys, names: dict, t
             seen["x"] = bottom.plot(r.speed, r.consistency, marker="x", color=plots.CACHE_COLORS.get(r.method, "0.3"),
                                     ms=5, mew=1.2, ls="")[0]
         bottom.axvline(1.0, color="0.5", lw=0.6, ls=":")
-        for ax, xl in ((top, "layers / token"), (spec, "layers / token"), (bottom, "speed vs full depth")):
+        for ax, xl in ((top, "layers / token"), (spec, "layers / token"), (bottom, "speed vs full depth (cost model)")):
             ax.axhline(target, color="0.5", lw=0.6, ls="--")
             ax.set(xlabel=xl, ylim=(0, 1.05))
         top.set(ylabel="consistency (ROUGE-L)", title=names[key])
