@@ -35,3 +35,16 @@ def test_the_built_book_glues_one_value_per_fact():
                     pytrace=False)
     problems = consistency.check(names)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("profile", ["cpu", "smoke", "gpu", "llama1b"])
+def test_the_book_has_one_consistency_target(profile):
+    """Chapter 8's summary target, chapter 9's floor and both calibrations' risk tolerance are one number: a method
+    is consistent enough when its mean ROUGE-L against the full model reaches the target, so the risk it may take
+    is 1 - target."""
+    from earlyexit.book import runner
+
+    prof = runner.load_profile(profile)
+    p8, p9 = prof.parameters("08_comparison"), prof.parameters("09_where_time_goes")
+    assert p8["target"] == p9["consistency_floor"]
+    assert p8["epsilon"] == pytest.approx(1 - p8["target"]) and p9["epsilon"] == pytest.approx(1 - p8["target"])
