@@ -193,3 +193,27 @@ def test_tables_as_the_reader_sees_them():
     html = ch07.skip_table(ss, sk).data                        # one table a model, captioned with it
     assert html.count("<table") == 1 and ">released</caption>" in html and "2 from layer 3, d = 1" in html
     assert all(f">{v}</td>" in html for v in ("out of reach", "1.48 [0.41, 2.54]", "1/2"))
+
+
+def _strategy_summary():
+    rows = []
+    for m in ch07.MODELS:
+        for k in ("naive-mask", "copy-forward"):
+            for rule, label, layers in (("softmax", f"softmax 0.99 {k}", 20.0), ("softmax", f"softmax 0.9 {k}", 15.0),
+                                        ("oracle", f"oracle {k}", 12.0)):
+                rows.append({"model": m, "rule": rule, "strategy": k, "label": label, "layers": layers,
+                             "layers_lo": layers, "layers_hi": layers, "rouge_full": 0.5 if m == "released" else 0.8,
+                             "rouge_full_lo": 0.4, "rouge_full_hi": 0.9})
+    return pd.DataFrame(rows)
+
+
+def test_the_strategies_table_reads_the_operating_point_and_the_oracle_per_model_and_cache():
+    t = ch07.strategies_table(_strategy_summary(), ["naive-mask", "copy-forward"], "softmax", 0.99,
+                              lambda k: f"softmax 0.99 {k}")
+    assert list(t["model"]) == ["released", "released", "trained", "trained"]
+    assert list(t["layers / token, softmax ≥ 0.99"]) == ["20.0"] * 4           # the 0.99 point, not the 0.9 one
+    assert list(t["layers / token, oracle exits"]) == ["12.0"] * 4
+    assert t["ROUGE-L, softmax ≥ 0.99"].iloc[2] == "0.80 [0.40, 0.90]"
+    assert not t.isna().any().any() and "index" not in t.columns
+    with pytest.raises(ValueError, match="no softmax point at 0.5"):
+        ch07.strategies_table(_strategy_summary(), ["naive-mask"], "softmax", 0.5, lambda k: f"softmax 0.5 {k}")

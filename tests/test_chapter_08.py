@@ -234,13 +234,15 @@ def test_figures_draw():
                          for k in ("released", "trained") for m in compare.METHODS for t in (0.1, 0.3)])
     bounds = pd.DataFrame([{"model": "released", "method": "naive-mask", "speed": 1.5, "consistency": 0.8}])
     fig = ch08.pareto_figure(summ, bounds, ["released", "trained"], {"released": "R", "trained": "T"}, 0.95)
-    assert len(fig.axes) == 6 and fig.axes[0].get_title() == "R"      # per model: layers, self-speculation, speed
+    assert len(fig.axes) == 6                       # a row per model, a column per family
+    assert [ax.get_title() for ax in fig.axes[:3]] == list(ch08.PARETO_FAMILIES)
+    assert fig.axes[0].get_ylabel().startswith("R") and fig.axes[3].get_ylabel().startswith("T")
+    lo, hi = fig.axes[0].get_xlim()
+    assert lo < 1.0 and 1.5 < hi < 2.0               # one speed scale for every panel: every point and bound fits
+    legends = [ax.get_legend() for ax in fig.axes[:3]]
+    assert all(legends) and [t.get_text() for t in legends[1].get_texts()] == list(compare.CLASSIFIER_CACHES)
+    assert "cost-model bound" in [t.get_text() for t in legends[0].get_texts()]
     plt.close("all")
-    spec_rows = summ.method == "self-speculation"        # drafts and their verification: many layers a token
-    summ.loc[spec_rows, ["layers", "layers_lo", "layers_hi"]] = [[60.0, 58.0, 62.0]]
-    fig = ch08.pareto_figure(summ, bounds, ["released", "trained"], {"released": "R", "trained": "T"}, 0.95)
-    top, spec = fig.axes[0], fig.axes[1]
-    assert top.get_xlim()[1] < 10 and spec.get_xlim()[0] > 50     # the layers axis fits the token-level methods
     fig = ch08.split_figure(_splits(), {"released": "R", "trained": "T"})
     assert len(fig.axes) == 2 and len(fig.axes[0].patches) == 6
     fig = ch08.ltt_figure(_det([True, False]), _res(), 1.0, 0.25, 0.1)

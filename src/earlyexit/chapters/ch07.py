@@ -10,6 +10,7 @@ import pandas as pd
 from ..book import figures, plots
 from ..experiments import budget, costmodel, points, trained
 from ..experiments.metrics import ci
+from .second_peer import economize_notes, economize_table  # noqa: F401 (chapter 7's API)
 
 SPEED_GOAL, PEER_GOAL = 1.5, 1.3   # issue 5: speed-up over full depth, and over transformers' peer
 TOO_FAR = 1e12                      # tokens: an extension that far says only "not with this recipe at this scale"
@@ -351,35 +352,6 @@ def skip_notes(searches: dict, sets: dict, ss: pd.DataFrame, sk: pd.DataFrame, s
             "skip_pred_err": f"{(ss['predicted'] / ss['speedup'] - 1).abs().median():.0%}"}
 
 
-def economize_table(p2, lossless2, pairs: dict, error: str = ""):
-    """Ours and economize's drafters side by side; the error when economize did not run."""
-    if p2 is None:
-        return pd.DataFrame({"economize": [error]}).style.hide(axis="index")
-    return pd.DataFrame([{"drafter": k, "decoder": who, "speed-up over full depth [95% CI]": ci(p2.loc[(k, who)], "speedup"),
-                          "acceptance": f"{p2.loc[(k, who), 'acceptance']:.0%}",
-                          "lossless": f"{int(lossless2.loc[(k, who), 'sum'])}/{int(lossless2.loc[(k, who), 'size'])}"}
-                         for k in pairs for who in ("ours", "economize")]).style.hide(axis="index")
-
-
-def economize_notes(p2, lossless2, pairs: dict, error: str, skip_top: pd.Series, n_prompts: int) -> dict:
-    """economize's fastest drafter against ours; when our fastest is the layer-skip drafter timed in the section
-    before (``skip_top``), how much two timings of one configuration differ."""
-    if p2 is None:
-        return {"eco_best": "none", "eco_ours_best": "none", "eco_runs": f"did not run here ({error})",
-                **dict.fromkeys(("eco_best_speed", "eco_ours_best_speed", "eco_ratio"), float("nan")),
-                "eco_lossless": 0, "eco_n": 0, "eco_same_note": ""}
-    eco, ours = p2.xs("economize", level="who"), p2.xs("ours", level="who")
-    eb, ob = eco["speedup"].idxmax(), ours["speedup"].idxmax()
-    el = lossless2.xs("economize", level="who")
-    same = (f" Timed on its own in the previous section, the same drafter ran at {float(skip_top['speedup']):.2f}×: "
-            f"two timings of one configuration on {n_prompts} prompts differ by that much, which is why the "
-            f"intervals matter.") if ob == list(pairs)[-1] else ""
-    return {"eco_runs": "runs here unchanged, on the same weights, prompts and thread count", "eco_best": eb,
-            "eco_best_speed": float(eco.loc[eb, "speedup"]), "eco_lossless": int(el["sum"].sum()),
-            "eco_n": int(el["size"].sum()), "eco_ours_best": ob, "eco_ours_best_speed": float(ours.loc[ob, "speedup"]),
-            "eco_ratio": float(ours.loc[ob, "speedup"] / eco.loc[eb, "speedup"]), "eco_same_note": same}
-
-
 def claim_notes(candidates: list, need: pd.DataFrame, shortlist: bool, goal: float = SPEED_GOAL) -> dict:
     """The opening's claims: the fastest of the ``candidates`` ((speed-up, name, lo, hi) each) against full depth
     and the target, and the acceptance the target would take with a draft from layer E (``need``)."""
@@ -414,3 +386,22 @@ def strategies_figure(summ: pd.DataFrame, strategies, rule: str):
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=3)
     return fig
+
+def strategies_table(summ: pd.DataFrame, strategies, rule: str, threshold: float, label_of) -> pd.DataFrame:
+    """The figure's operating points as numbers, a row per model and cache: consistency with the model's own full
+    depth and layers per token at ``threshold`` of ``rule`` (the point whose ``label`` is ``label_of(strategy)``),
+    and under oracle exits, where only the cache can be wrong. Means with 95% intervals over prompts."""
+    rows = []
+    for m in MODELS:
+        for k in strategies:
+            s = summ[(summ.model == m) & (summ.strategy == k)]
+            at, o = s[s.label == label_of(k)], s[s.rule == "oracle"]
+            if at.empty or o.empty:
+                raise ValueError(f"no {rule} point at {threshold:g} or no oracle point for {m}, {k} in the summary")
+            at, o = at.iloc[0], o.iloc[0]
+            rows.append({"model": m, "cache": k,
+                         f"ROUGE-L, {rule} ≥ {threshold:g}": ci(at, "rouge_full"),
+                         f"layers / token, {rule} ≥ {threshold:g}": f"{at['layers']:.1f}",
+                         "ROUGE-L, oracle exits": ci(o, "rouge_full"),
+                         "layers / token, oracle exits": f"{o['layers']:.1f}"})
+    return pd.DataFrame(rows)

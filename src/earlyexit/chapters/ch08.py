@@ -142,45 +142,56 @@ def cache_bounds(models: dict, es, n_new: int, units: pd.DataFrame) -> pd.DataFr
     return pd.DataFrame(rows)
 
 
+PARETO_FAMILIES = {"confidence rule, by cache": compare.FILL,
+                   "exit classifier, by cache": compare.CLASSIFIED,
+                   "schedule, bounds, self-speculation": ("SkipDecode", "static exit", "oracle exits",
+                                                          "self-speculation")}
+
+
 def pareto_figure(summ: pd.DataFrame, bounds: pd.DataFrame, keys, names: dict, target: float):
-    """One block per model of ``keys``: consistency against layers per token (top; self-speculation, which runs
-    its drafts and their verification, on its own scale at the right) and against the cost model's speed (bottom): every
-    method's points of ``summ`` with their intervals, the bounds (open markers), the cost model's bound of each
-    cache (``bounds``, crosses) and the ``target`` consistency (dashed). Colour: the cache; marker: the family."""
+    """Consistency against the cost model's speed over full depth: a row per model of ``keys``, a column per
+    family of :data:`PARETO_FAMILIES` (the confidence rule and the exit classifier coloured by their cache; SkipDecode,
+    the bounds and self-speculation), every point of ``summ`` with its intervals on both axes, the cost model's
+    bound of each cache (``bounds``, crosses, in the confidence rule's column), the ``target`` consistency (dashed)
+    and full depth's speed (dotted). One x scale for every panel, so that any two points compare; a legend per
+    column above the data."""
     import matplotlib.pyplot as plt
 
     figures.setup_style()
-    keys, rows = list(keys), math.ceil(len(keys) / 2)
-    fig = plt.figure(figsize=(figures.FULL_WIDTH, 3.0 * rows + 1.0), layout="constrained")
-    blocks = fig.subfigures(rows, min(2, len(keys)), squeeze=False).flat
-    seen = {}
-    for key, sf in zip(keys, blocks):
-        s = summ[summ.model == key]
-        gs = sf.add_gridspec(2, 2, width_ratios=[4, 1])
-        top, spec, bottom = sf.add_subplot(gs[0, 0]), sf.add_subplot(gs[0, 1]), sf.add_subplot(gs[1, :])
-        for m in compare.METHODS:
-            g = s[s.method == m]
-            if g.empty:
-                continue
-            seen[m] = plots.method_points(spec if m == "self-speculation" else top, g.sort_values("layers"), "layers", m)
-            plots.method_points(bottom, g.sort_values("speed"), "speed", m)
-        for r in bounds[bounds.model == key].itertuples():
-            seen["x"] = bottom.plot(r.speed, r.consistency, marker="x", color=plots.CACHE_COLORS.get(r.method, "0.3"),
-                                    ms=5, mew=1.2, ls="")[0]
-        bottom.axvline(1.0, color="0.5", lw=0.6, ls=":")
-        for ax, xl in ((top, "layers / token"), (spec, "layers / token"), (bottom, "speed vs full depth (cost model)")):
+    keys = list(keys)
+    fams = list(PARETO_FAMILIES.items())
+    fig, axes = plt.subplots(len(keys), len(fams), figsize=(figures.FULL_WIDTH, 1.75 * len(keys) + 1.3),
+                             sharex=True, sharey=True, squeeze=False, layout="constrained")
+    shown = summ[summ.model.isin(keys)]
+    xs = np.concatenate([shown[["speed_lo", "speed_hi"]].to_numpy(float).ravel(),
+                         bounds[bounds.model.isin(keys)]["speed"].to_numpy(float), [1.0]])
+    xs = xs[np.isfinite(xs)]
+    pad = 0.05 * max(float(xs.max() - xs.min()), 0.1)
+    handles = [dict() for _ in fams]
+    for r, key in enumerate(keys):
+        s = shown[shown.model == key]
+        for c, (title, methods) in enumerate(fams):
+            ax = axes[r, c]
+            for m in methods:
+                g = s[s.method == m]
+                if not g.empty:
+                    handles[c][m.split(" / ")[-1]] = plots.method_points(ax, g.sort_values("speed"), "speed", m)
+            if c == 0:
+                for b in bounds[bounds.model == key].itertuples():
+                    handles[c]["cost-model bound"] = ax.plot(b.speed, b.consistency, marker="x", ls="", ms=5, mew=1.2,
+                                                             color=plots.CACHE_COLORS.get(b.method, "0.3"))[0]
             ax.axhline(target, color="0.5", lw=0.6, ls="--")
-            ax.set(xlabel=xl, ylim=(0, 1.05))
-        top.set(ylabel="consistency (ROUGE-L)", title=names[key])
-        spec.set_title("self-spec.", fontsize=6)
-        spec.tick_params(labelleft=False)
-        bottom.set_ylabel("consistency (ROUGE-L)")
-    families = {"confidence rule, by cache": [(seen[m], m) for m in compare.FILL if m in seen],
-                "exit classifier, by cache": [(seen[m], m.split(" / ")[1]) for m in compare.CLASSIFIED if m in seen],
-                "other methods and bounds": [(seen[m], m) for m in ("SkipDecode", "self-speculation", "static exit",
-                                                                    "oracle exits") if m in seen]
-                + ([(seen["x"], "cost-model bound (colour: cache)")] if "x" in seen else [])}
-    plots.family_legend(fig, {k: v for k, v in families.items() if v})
+            ax.axvline(1.0, color="0.5", lw=0.6, ls=":")
+            if r == len(keys) - 1:
+                ax.set_xlabel("speed vs full depth (×, cost model)")
+        axes[r, 0].set_ylabel(f"{names[key]}\nconsistency (ROUGE-L)")
+    axes[0, 0].set(ylim=(0, 1.05), xlim=(float(xs.min()) - pad, float(xs.max()) + pad))
+    for c, (title, _) in enumerate(fams):
+        ax = axes[0, c]
+        ax.set_title(title, fontsize=8)
+        if handles[c]:
+            ax.legend(list(handles[c].values()), list(handles[c]), loc="lower center", bbox_to_anchor=(0.5, 1.12),
+                      ncols=2, fontsize=6, frameon=False, borderaxespad=0)
     return fig
 
 

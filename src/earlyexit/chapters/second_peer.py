@@ -1,0 +1,36 @@
+"""Chapter 7's second peer, the economize library: its drafters beside ours as a table, and the sentences that
+compare them (re-exported by :mod:`earlyexit.chapters.ch07`)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..experiments.metrics import ci
+
+
+def economize_table(p2, lossless2, pairs: dict, error: str = ""):
+    """Ours and economize's drafters side by side; the error when economize did not run."""
+    if p2 is None:
+        return pd.DataFrame({"economize": [error]}).style.hide(axis="index")
+    return pd.DataFrame([{"drafter": k, "decoder": who, "speed-up over full depth [95% CI]": ci(p2.loc[(k, who)], "speedup"),
+                          "acceptance": f"{p2.loc[(k, who), 'acceptance']:.0%}",
+                          "lossless": f"{int(lossless2.loc[(k, who), 'sum'])}/{int(lossless2.loc[(k, who), 'size'])}"}
+                         for k in pairs for who in ("ours", "economize")]).style.hide(axis="index")
+
+
+def economize_notes(p2, lossless2, pairs: dict, error: str, skip_top: pd.Series, n_prompts: int) -> dict:
+    """economize's fastest drafter against ours; when our fastest is the layer-skip drafter timed in the section
+    before (``skip_top``), how much two timings of one configuration differ."""
+    if p2 is None:
+        return {"eco_best": "none", "eco_ours_best": "none", "eco_runs": f"did not run here ({error})",
+                **dict.fromkeys(("eco_best_speed", "eco_ours_best_speed", "eco_ratio"), float("nan")),
+                "eco_lossless": 0, "eco_n": 0, "eco_same_note": ""}
+    eco, ours = p2.xs("economize", level="who"), p2.xs("ours", level="who")
+    eb, ob = eco["speedup"].idxmax(), ours["speedup"].idxmax()
+    el = lossless2.xs("economize", level="who")
+    same = (f" Timed on its own in the previous section, the same drafter ran at {float(skip_top['speedup']):.2f}×: "
+            f"two timings of one configuration on {n_prompts} prompts differ by that much, which is why the "
+            f"intervals matter.") if ob == list(pairs)[-1] else ""
+    return {"eco_runs": "runs here unchanged, on the same weights, prompts and thread count", "eco_best": eb,
+            "eco_best_speed": float(eco.loc[eb, "speedup"]), "eco_lossless": int(el["sum"].sum()),
+            "eco_n": int(el["size"].sum()), "eco_ours_best": ob, "eco_ours_best_speed": float(ours.loc[ob, "speedup"]),
+            "eco_ratio": float(ours.loc[ob, "speedup"] / eco.loc[eb, "speedup"]), "eco_same_note": same}
