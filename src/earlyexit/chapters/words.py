@@ -1,6 +1,6 @@
 """Words for measured speeds, shared by the chapters: a paired ratio (:func:`earlyexit.experiments.speeds.speed`)
 printed to the decimals its interval supports, and a verdict that calls a method faster or slower only when the
-interval excludes 1.0.
+interval excludes 1.0; lists and large counts in English.
 
     s = speeds.speed(timing.time_point(lm, es, n_new, cfg))
     ratio(s)                        # '0.93× [0.88, 0.98]'
@@ -50,3 +50,20 @@ def sentence(name: str, s: dict, ref: str = "full depth") -> str:
     word = {"faster": "faster", "slower": "slower"}.get(v, "no measurable difference" if has_interval(s)
                                                            else "no verdict")
     return f"{name} runs at {ratio(s)} the speed of {ref}: {word}."
+
+
+def listing(items) -> str:
+    """'1', '1 and 2', '1, 2 and 3'."""
+    items = [str(x) for x in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def sig1(x: float) -> str:
+    """``x`` rounded to one significant figure, large counts in words: 0.07, 7, 50,000, 3 million, 2 billion."""
+    if not (math.isfinite(x) and x > 0):
+        return f"{x:g}"
+    r = float(f"{x:.0e}")
+    for v, word in ((1e12, "trillion"), (1e9, "billion"), (1e6, "million")):
+        if r >= v:
+            return f"{r / v:g} {word}"
+    return f"{r:,.0f}" if r >= 1 else f"{r:g}"
