@@ -2,7 +2,6 @@
 and the sentences whose wording depends on a result (the ``*_notes`` functions return {glue key: value})."""
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 
