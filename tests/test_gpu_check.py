@@ -19,6 +19,8 @@ def test_dry_run_on_the_cpu_prints_the_headline_numbers():
     assert "ratio" in out and "self-speculation" in out and "lossless True" in out and "training step" in out
     shape = [ln for ln in out.splitlines() if ln.startswith("shape SmolLM2-135M (1 layers")]
     assert shape and "layer x1" in shape[0] and "(roofline" in shape[0], out[-2000:]
+    spec = [ln for ln in out.splitlines() if ln.startswith("self-speculation SmolLM2-135M (accepting")]
+    assert spec and "acceptance 1.00" in spec[0] and "lossless True" in spec[0] and "(roofline)" in spec[0], out[-2000:]
     assert not (ROOT / "book" / "generated" / ".gpu-check").exists()
 
 
