@@ -26,3 +26,14 @@ def test_agreement_and_verdicts(tmp_path):
     assert agreement.summary(t) == ("3 paired ratios in both builds; 1 disagree (one build's ratio outside the "
                                     "other's interval); 1 change verdict")
     assert agreement.main([str(a), str(b)]) == 0 and agreement.main([]) == 2
+
+
+def test_numbers_glued_with_their_interval_count_when_they_are_speeds(tmp_path):
+    a = tmp_path / "a"
+    a.mkdir()
+    _nb(a / "07_x.ipynb", {"best_speedup": 1.02, "best_speedup_lo": 0.95, "best_speedup_hi": 1.1,
+                           "skip_best_speed": 0.9, "skip_best_lo": 0.8, "skip_best_hi": 1.0,
+                           "mass_top": 0.3, "mass_top_lo": 0.2, "mass_top_hi": 0.4,         # not a speed
+                           "gone_speed": float("nan"), "gone_speed_lo": 1.0, "gone_speed_hi": 2.0})
+    assert agreement.ratios(a) == {("07_x", "best_speedup"): (1.02, 0.95, 1.1),
+                                   ("07_x", "skip_best_speed"): (0.9, 0.8, 1.0)}

@@ -9,6 +9,7 @@ A second timing run costs far less than a second build: clear the timed entries 
 """
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -23,14 +24,35 @@ TIMED = ("timing", "timing_replay", "spec_point", "side_by_side", "paired_timing
 RATIO = re.compile(r"^'?(\d+(?:\.\d+)?)× \[(\d+(?:\.\d+)?), (\d+(?:\.\d+)?)\]'?$")
 
 
+SPEED_KEY = re.compile(r"speed|ratio|vs_hf")   # a glued number with _lo/_hi beside it that is a timed ratio
+
+
+def _float(v) -> float | None:
+    try:
+        return float(str(v).strip().strip("'"))
+    except ValueError:
+        return None
+
+
 def ratios(folder: Path) -> dict:
-    """{(page, key): (ratio, lo, hi)} of every glued paired ratio in the executed notebooks of ``folder``."""
+    """{(page, key): (ratio, lo, hi)} of every paired ratio the executed notebooks of ``folder`` glue: a string
+    "r× [lo, hi]", or a number ``k`` (or ``k_speed``) glued beside ``k_lo`` and ``k_hi`` whose name says it is a
+    speed (:data:`SPEED_KEY`)."""
     out = {}
     for nb in sorted(Path(folder).glob("*.ipynb")):
-        for k, v in glued(nb).items():
+        g = glued(nb)
+        for k, v in g.items():
             m = RATIO.match(str(v).strip())
             if m:
                 out[(nb.stem, k)] = tuple(float(x) for x in m.groups())
+            elif k.endswith("_lo") and f"{k[:-3]}_hi" in g:
+                base = k[:-3]
+                key = base if base in g else f"{base}_speed" if f"{base}_speed" in g else None
+                if key is None or not SPEED_KEY.search(key):
+                    continue
+                x, lo, hi = (_float(g[n]) for n in (key, k, f"{base}_hi"))
+                if None not in (x, lo, hi) and all(map(math.isfinite, (x, lo, hi))):
+                    out[(nb.stem, key)] = (x, lo, hi)
     return out
 
 
