@@ -236,3 +236,10 @@ def test_candidates_rank_drafters_by_the_cost_model_from_the_calls_each_run_made
     assert "“E = 2”, measured at 0.90×" in ch07.claim_notes(c, pd.DataFrame({"shortlist": [True], "target": [1.5],
                                                                                "alpha": [NAN], "E": [2], "d": [1]}),
                                                             True)["claim_speed"]
+
+
+def test_break_even_reached_or_out_of_reach():
+    assert ch07.break_even_sentence(0.8, 0.45, (25, 2)) == ("the best depth breaks even only at an acceptance of "
+                                                             "0.80, where the training of chapter 6 reached 0.45")
+    s = ch07.break_even_sentence(NAN, 0.45, (25, 2))
+    assert s.startswith("no acceptance lets a draft from the best depth (E = 25, d = 2) break even") and "nan" not in s

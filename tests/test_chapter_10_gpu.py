@@ -49,7 +49,7 @@ def test_ties_are_named_only_where_an_output_differed():
     t = gpu.notes(*_tables(lossless=(True, False)))["gpu_ties"]
     assert t.startswith("On 1 shape (A) the bf16 output differed") and "fp32" in t
     assert gpu._span(7.2, 31.4) == "7 to 31" and gpu._count(2, "shape") == "2 shapes"
-    assert gpu.spec_table(_tables(lossless=(True, False))[1])["same output as full depth"].tolist() == \
+    assert gpu.spec_table(_tables(lossless=(True, False))[1])["same output"].tolist() == \
         ["yes", "no (bf16 ties)"]
 
 

@@ -221,6 +221,15 @@ def _run(r) -> str:
     return f"{trained.SHORT_NAMES.get(r.recipe, r.recipe)} at E = {int(r.E)}, d = {int(r.d)}"
 
 
+def break_even_sentence(need: float, now: float, best: tuple) -> str:
+    """Where a draft from the best (E, d) breaks even against what training reached (``need`` NaN: at no
+    acceptance on this machine)."""
+    if not np.isfinite(need):
+        return (f"no acceptance lets a draft from the best depth (E = {best[0]}, d = {best[1]}) break even on this "
+                f"machine, where the training of chapter 6 reached {now:.2f}")
+    return f"the best depth breaks even only at an acceptance of {need:.2f}, where the training of chapter 6 reached {now:.2f}"
+
+
 def budget_notes(acc_t, need, ext, units, L: int, exits, drafts, best: tuple, shortlist: bool,
                  s_step: float, tok_step: float) -> dict:
     """The budget section's numbers and sentences: acceptance needed at the ``best`` (E, d) and reached, the
@@ -231,7 +240,8 @@ def budget_notes(acc_t, need, ext, units, L: int, exits, drafts, best: tuple, sh
     be = e[e.target == 1.0].iloc[0]
     out = {"n_snap": int(acc_t[acc_t.step > 0][["recipe", "step"]].drop_duplicates().groupby("recipe").size().max()),
            "budget_tokens": int(t_max), "be_x": 1.0, "train_s_step": s_step, "be_need_best": float(be.alpha_needed),
-           "be_now_best": float(be.alpha_now), "ceil_reason": ceil_reason(ceil)}
+           "be_now_best": float(be.alpha_now), "ceil_reason": ceil_reason(ceil),
+           "be_best_str": break_even_sentence(float(be.alpha_needed), float(be.alpha_now), best)}
     for k, tgt in (("be", 1.0), ("goal", SPEED_GOAL)):
         out[f"need_{k}_str"] = need_sentence(need[(need.shortlist == shortlist) & (need.target == tgt)],
                                              tgt if k == "goal" else None)

@@ -52,14 +52,14 @@ def spec_table(s: pd.DataFrame) -> pd.DataFrame:
     """The self-speculation bounds measured on the GPU, beside the cost model's speed-up at the measured acceptance
     from the units measured there and from the roofline."""
     return pd.DataFrame({
-        "model shape": s["shape"], "drafts": s["construction"].map({"accepting": "all accepted",
+        "shape": s["shape"], "drafts": s["construction"].map({"accepting": "all accepted",
                                                                     "rejecting": "rejected"}),
-        "E of L, d": [f"{e} of {n}, {d}" for e, n, d in zip(s["E"], s["L"], s["d"])],
-        "full depth (ms / token)": s["full_ms_per_token"].map(lambda v: f"{v:.1f}"),
+        "E/L, d": [f"{e}/{n}, {d}" for e, n, d in zip(s["E"], s["L"], s["d"])],
+        "full depth (ms/token)": s["full_ms_per_token"].map(lambda v: f"{v:.1f}"),
         "measured speed-up [95%]": [f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in zip(s["ratio"], s["lo"], s["hi"])],
-        "predicted (units measured)": s["predicted_here"].map(lambda v: f"{v:.2f}"),
-        "predicted (roofline)": s["predicted_roofline"].map(lambda v: f"{v:.2f}"),
-        "same output as full depth": s["lossless"].map(lambda v: "yes" if v else "no (bf16 ties)")})
+        "predicted, units": s["predicted_here"].map(lambda v: f"{v:.2f}"),
+        "predicted, roofline": s["predicted_roofline"].map(lambda v: f"{v:.2f}"),
+        "same output": s["lossless"].map(lambda v: "yes" if v else "no (bf16 ties)")})
 
 
 def _count(n: int, noun: str) -> str:
