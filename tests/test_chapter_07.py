@@ -170,6 +170,9 @@ def test_economize_notes_ran_with_and_without_the_same_drafter_note_and_did_not_
     none = ch07.economize_notes(None, None, pairs, "ImportError: no economize", _row(1.48, 0, 0), 2)
     assert none["eco_runs"] == "did not run here (ImportError: no economize)" and none["eco_n"] == 0
     assert none["eco_best"] == "none" and math.isnan(none["eco_ratio"]) and none["eco_same_note"] == ""
+    assert none["eco_sentence"].startswith("economize did not run here (ImportError") and "nan" not in none["eco_sentence"]
+    assert n["eco_sentence"].startswith("economize runs here unchanged") and "2.40 times economize's best." in \
+        n["eco_sentence"] and n["eco_sentence"].endswith("intervals matter.")
 
 
 def test_economize_table_shows_the_error_when_it_did_not_run():

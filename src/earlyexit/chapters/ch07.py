@@ -9,10 +9,11 @@ from ..book import figures, plots
 from ..experiments import budget, compare, costmodel, points, trained
 from ..experiments.metrics import ci
 from .words import listing as _and, sig1  # noqa: F401 (sig1: chapter 7's API)
+from .budget_words import (SPEED_GOAL, TOO_FAR, _run, break_even_sentence,  # noqa: F401 (chapter 7's API)
+                           ceil_reason, need_phrase, need_sentence, training_needed)
 from .second_peer import economize_notes, economize_table  # noqa: F401 (chapter 7's API)
 
-SPEED_GOAL, PEER_GOAL = 1.5, 1.3   # issue 5: speed-up over full depth, and over transformers' peer
-TOO_FAR = 1e12                      # tokens: an extension that far says only "not with this recipe at this scale"
+PEER_GOAL = 1.3                     # issue 5: speed-up over transformers' peer (SPEED_GOAL: over full depth)
 MODELS = ("released", "trained")
 
 
@@ -164,72 +165,6 @@ def ceiling(L: int, exits, drafts, units, shortlist: bool) -> tuple[float, int, 
     return max((float(budget.speedup(1.0, L, E, d, units, shortlist)), E, d) for E in exits for d in drafts)
 
 
-def ceil_reason(ceil: tuple, goal: float = SPEED_GOAL) -> str:
-    """Why the target is or is not within reach of acceptance alone (``ceil`` from :func:`ceiling`)."""
-    s, E, d = ceil
-    if s < goal:
-        return (f"The reason is in the table's second column: even if every draft were accepted, a round at the "
-                f"draft depths and lengths swept could not go faster than {s:.2f}× full depth (at E = {E}, d = {d}), "
-                f"because on this CPU the draft's own layers and heads and the verification pass cost nearly as "
-                f"much as the tokens they save.")
-    return (f"The table's second column is the ceiling: a round whose drafts were all accepted would run at up to "
-            f"{s:.2f}× full depth (at E = {E}, d = {d}); what stands between the trained model and it is the "
-            f"acceptance, which only training buys.")
-
-
-def need_sentence(n: pd.DataFrame, target: float | None = None) -> str:
-    """The acceptance each (E, d) of ``n`` needs; with ``target``, as "for 1.5× it needs ..." or that none does."""
-    listed = "; ".join(f"{r.alpha:.2f} at E = {int(r.E)}, d = {int(r.d)}" if np.isfinite(r.alpha)
-                       else f"none at E = {int(r.E)}, d = {int(r.d)}" for r in n.itertuples())
-    if target is None:
-        return listed
-    if n["alpha"].isna().all():
-        return f"no acceptance gives {target:.1f}× at any of these depths and lengths"
-    return f"for {target:.1f}× it needs {listed}"
-
-
-def training_needed(rows: pd.DataFrame, t_max: float, tok_step: float, s_step: float, ceil: tuple) -> str:
-    """What a target would take in training, as the object of "would take ...": ``rows`` are
-    :func:`~earlyexit.experiments.budget.extrapolate`'s for one target and head (every run, E and d),
-    ``t_max`` the tokens chapter 6 trained on, ``tok_step`` and ``s_step`` its tokens and seconds a step."""
-    reached = rows[rows["alpha_now"] >= rows["alpha_needed"]]
-    if len(reached):
-        r = reached.loc[(reached["alpha_now"] - reached["alpha_needed"]).idxmax()]
-        return (f"no more training than chapter 6's: after its {t_max:,.0f} tokens {_run(r)} already accepts "
-                f"{r.alpha_now:.2f} of its drafts, where {r.alpha_needed:.2f} is needed")
-    if rows["alpha_needed"].isna().all():
-        return (f"no amount of training: it is out of reach at any acceptance, since even a round whose drafts are "
-                f"all accepted is predicted at {ceil[0]:.2f}× at best among the draft depths and lengths swept "
-                f"(E = {ceil[1]}, d = {ceil[2]})")
-    x = rows[rows["tokens_needed"] <= TOO_FAR]
-    if not len(x):
-        return (f"more training than the fits can say: no fitted line reaches it within {sig1(TOO_FAR)} tokens "
-                f"(or the acceptance does not grow along it), so there is no useful extrapolation")
-    r = x.loc[x["tokens_needed"].idxmin()]
-    if r.tokens_needed <= t_max:
-        return (f"about {sig1(r.tokens_needed)} training tokens by the fitted line for {_run(r)}, within the "
-                f"{t_max:,.0f} chapter 6 trained on, although its last checkpoint still accepts only "
-                f"{r.alpha_now:.2f} where {r.alpha_needed:.2f} is needed")
-    days = r.tokens_needed / tok_step * s_step / 86400
-    return (f"about {sig1(r.tokens_needed)} training tokens for {_run(r)}, {sig1(r.tokens_needed / t_max)} times "
-            f"the {t_max:,.0f} chapter 6 trained on and some {sig1(days)} days of training at this machine's "
-            f"{s_step:.1f} s a step: an extrapolation beyond the measured range, which holds only if the fitted "
-            f"trend does")
-
-
-def _run(r) -> str:
-    return f"{trained.SHORT_NAMES.get(r.recipe, r.recipe)} at E = {int(r.E)}, d = {int(r.d)}"
-
-
-def break_even_sentence(need: float, now: float, best: tuple) -> str:
-    """Where a draft from the best (E, d) breaks even against what training reached (``need`` NaN: at no
-    acceptance on this machine)."""
-    if not np.isfinite(need):
-        return (f"no acceptance lets a draft from the best depth (E = {best[0]}, d = {best[1]}) break even on this "
-                f"machine, where the training of chapter 6 reached {now:.2f}")
-    return f"the best depth breaks even only at an acceptance of {need:.2f}, where the training of chapter 6 reached {now:.2f}"
-
-
 def budget_notes(acc_t, need, ext, units, L: int, exits, drafts, best: tuple, shortlist: bool,
                  s_step: float, tok_step: float) -> dict:
     """The budget section's numbers and sentences: acceptance needed at the ``best`` (E, d) and reached, the
@@ -341,7 +276,8 @@ def skip_notes(searches: dict, sets: dict, ss: pd.DataFrame, sk: pd.DataFrame, s
             "skip_best_model": str(top["model"]), "skip_best_n": int(top["n_skip"]), "skip_best_d": int(top["d"]),
             "skip_lossless": int(sk["lossless"].sum()), "skip_runs": int(len(sk)),
             "skip_verdict": versus_full(top["speedup_lo"], top["speedup_hi"]),
-            "skip_pred_err": f"{(ss['predicted'] / ss['speedup'] - 1).abs().median():.0%}"}
+            "skip_pred_err": f"{(ss['predicted'] / ss['speedup'] - 1).abs().median():.0%}",
+            "skip_need_str": need_phrase(float(top["need"]))}
 
 
 def candidates(units: pd.DataFrame, *families) -> list:

@@ -54,11 +54,10 @@ def spec_table(s: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "shape": s["shape"], "drafts": s["construction"].map({"accepting": "all accepted",
                                                                     "rejecting": "rejected"}),
-        "E/L, d": [f"{e}/{n}, {d}" for e, n, d in zip(s["E"], s["L"], s["d"])],
-        "full depth (ms/token)": s["full_ms_per_token"].map(lambda v: f"{v:.1f}"),
+        "full depth (ms / token)": s["full_ms_per_token"].map(lambda v: f"{v:.1f}"),
         "measured speed-up [95%]": [f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in zip(s["ratio"], s["lo"], s["hi"])],
-        "predicted, units": s["predicted_here"].map(lambda v: f"{v:.2f}"),
-        "predicted, roofline": s["predicted_roofline"].map(lambda v: f"{v:.2f}"),
+        "predicted from units": s["predicted_here"].map(lambda v: f"{v:.2f}"),
+        "predicted by roofline": s["predicted_roofline"].map(lambda v: f"{v:.2f}"),
         "same output": s["lossless"].map(lambda v: "yes" if v else "no (bf16 ties)")})
 
 
@@ -89,7 +88,7 @@ def notes(u: pd.DataFrame, s: pd.DataFrame) -> dict:
              f"depth round differently and break the tie differently. In fp32 the same decoding gave identical output "
              f"(checked on the all-accepting model; data/measured/README.md): lossless means identical up to ties at "
              f"the arithmetic's precision.")
-    return {"gpu_name": str(u["device"].iloc[0]).replace("NVIDIA ", ""), "gpu_shapes": int(u["shape"].nunique()),
+    return {"gpu_name": str(u["device"].iloc[0]).replace("NVIDIA ", ""), "gpu_d": int(s["d"].iloc[0]), "gpu_shapes": int(u["shape"].nunique()),
             "gpu_over_lo": float(over.min()), "gpu_over_hi": float(over.max()),
             "gpu_five_lo": float(five.min()), "gpu_five_hi": float(five.max()),
             "gpu_acc_lo": float(acc["ratio"].min()), "gpu_acc_hi": float(acc["ratio"].max()),

@@ -23,7 +23,8 @@ def economize_notes(p2, lossless2, pairs: dict, error: str, skip_top: pd.Series,
     if p2 is None:
         return {"eco_best": "none", "eco_ours_best": "none", "eco_runs": f"did not run here ({error})",
                 **dict.fromkeys(("eco_best_speed", "eco_ours_best_speed", "eco_ratio"), float("nan")),
-                "eco_lossless": 0, "eco_n": 0, "eco_same_note": ""}
+                "eco_lossless": 0, "eco_n": 0, "eco_same_note": "",
+                "eco_sentence": f"economize did not run here ({error}), so there is no second peer to compare."}
     eco, ours = p2.xs("economize", level="who"), p2.xs("ours", level="who")
     eb, ob = eco["speedup"].idxmax(), ours["speedup"].idxmax()
     el = lossless2.xs("economize", level="who")
@@ -33,4 +34,10 @@ def economize_notes(p2, lossless2, pairs: dict, error: str, skip_top: pd.Series,
     return {"eco_runs": "runs here unchanged, on the same weights, prompts and thread count", "eco_best": eb,
             "eco_best_speed": float(eco.loc[eb, "speedup"]), "eco_lossless": int(el["sum"].sum()),
             "eco_n": int(el["size"].sum()), "eco_ours_best": ob, "eco_ours_best_speed": float(ours.loc[ob, "speedup"]),
-            "eco_ratio": float(ours.loc[ob, "speedup"] / eco.loc[eb, "speedup"]), "eco_same_note": same}
+            "eco_ratio": float(ours.loc[ob, "speedup"] / eco.loc[eb, "speedup"]), "eco_same_note": same,
+            "eco_sentence": (f"economize runs here unchanged, on the same weights, prompts and thread count. Its fastest "
+                             f"drafter here is “{eb}” at {float(eco.loc[eb, 'speedup']):.2f}× full-depth speed "
+                             f"({int(el['sum'].sum())} of {int(el['size'].sum())} of its generations equal full depth "
+                             f"token for token); ours, at best “{ob}”, reaches {float(ours.loc[ob, 'speedup']):.2f}×, "
+                             f"{float(ours.loc[ob, 'speedup'] / eco.loc[eb, 'speedup']):.2f} times economize's best."
+                             f"{same}")}
