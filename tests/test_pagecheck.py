@@ -114,6 +114,14 @@ def test_a_table_wider_than_the_column_is_flagged_and_a_folded_one_passes():
     assert found == ["a table wider than the page: 1210 px in a 704 px column (layer | 1 | 2 | 3)"]
 
 
+def test_a_pandas_index_is_flagged_but_not_row_labels():
+    index = {"w": 500, "head": "model | cache", "cells": [], "rowheads": ["0", "1", "2"]}
+    labels = {"w": 500, "head": "layer", "cells": [], "rowheads": ["1", "2", "3"]}
+    plain = {"w": 500, "head": "plain", "cells": [], "rowheads": [None, None]}
+    found = pagecheck.table_problems([index, labels, plain], 704)
+    assert found == ["a pandas index shown as the first column (0..2): hide it (model | cache)"]
+
+
 def test_a_coarse_raster_image_is_flagged_but_not_an_svg_or_a_sharp_one():
     images = [{"src": "_images/a.png", "url": "http://h/_images/a.png", "w": 765, "content": True},
               {"src": "_images/b.png", "url": "http://h/_images/b.png", "w": 1600, "content": True},

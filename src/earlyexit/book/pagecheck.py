@@ -120,11 +120,15 @@ def image_size_problems(images, min_px: int = MIN_IMAGE_PX) -> list[str]:
 
 
 def table_problems(tables, column_px: float) -> list[str]:
-    """Tables (dicts: w, the scroll width, 0 when folded; head, to name it; cells) wider than the content column,
-    or with a cell reading NaN/nan (also "nan [nan, nan]"), None, <NA> or NaT, folded or not."""
+    """Tables (dicts: w, the scroll width, 0 when folded; head, to name it; cells; rowheads, each body row's header
+    cell or None) wider than the content column, showing a pandas index (row headers 0, 1, 2, ...), or with a cell
+    reading NaN/nan (also "nan [nan, nan]"), None, <NA> or NaT, folded or not."""
     out = [f"a table wider than the page: {t['w']:.0f} px in a {column_px:.0f} px column ({t['head']})"
            for t in tables if t["w"] > column_px + 1]
     for t in tables:
+        heads = t.get("rowheads") or []
+        if len(heads) >= 2 and heads == [str(i) for i in range(len(heads))]:
+            out.append(f"a pandas index shown as the first column (0..{len(heads) - 1}): hide it ({t['head']})")
         bad = [c for c in (" ".join(c.split()) for c in t["cells"]) if c in MISSING_CELLS or _NAN.search(c)]
         if bad:
             out.append(f"a missing value printed in a table: {len(bad)} cell(s) "
@@ -286,7 +290,9 @@ async () => {
     w: t.closest('details:not([open])') || !t.getClientRects().length || (t.checkVisibility && !t.checkVisibility())
        ? 0 : Math.max(t.scrollWidth, t.getBoundingClientRect().width),
     head: [...t.querySelectorAll('th, td')].slice(0, 4).map(c => c.textContent.trim().slice(0, 30)).join(' | '),
-    cells: [...t.querySelectorAll('th, td')].map(c => c.textContent.trim())}));
+    cells: [...t.querySelectorAll('th, td')].map(c => c.textContent.trim()),
+    rowheads: [...t.querySelectorAll('tbody tr')].map(r => r.cells[0] && r.cells[0].tagName === 'TH'
+                                                           ? r.cells[0].textContent.trim() : null)}));
   const prose = without(main, 'script, style, .cell, table, pre, code, .highlight, mjx-container, .MathJax');
   return {
     images: imgs.map(i => ({src: i.getAttribute('src'), url: i.currentSrc || i.src, w: i.naturalWidth,
