@@ -21,6 +21,8 @@ def test_bottom_line_each_branch():
                  "at E=20 d=2 (exact by construction), predicted at 0.97× full depth: no faster than full depth. "
                  "On SmolLM2 after LayerSkip one method keeps a consistency of 0.95; it is SkipDecode at e_min=20, "
                  "predicted at 1.30× full depth: faster than full depth.")
+    assert ch00._what("self-speculation", "self-spec E=25 d=2") == "self-speculation at E=25 d=2"
+    assert ch00._what("SkipDecode", "skipdecode 30->25") == "SkipDecode at 30->25"
     named = _best([("released", "lazy-recompute", "softmax 0.99 / lazy-recompute", 0.62, True)])
     assert "it is softmax 0.99 / lazy-recompute, predicted" in ch00.bottom_line(named, NAMES, 0.95)
     slow = ch00.bottom_line(_best([("released", "lazy-recompute", "softmax 0.99", 0.6, True)]), NAMES, 0.9)

@@ -7,6 +7,15 @@ import pandas as pd
 PREDICTION_ERROR = 0.05
 
 
+def _what(method: str, label: str) -> str:
+    """The method at its operating point, named once: 'self-speculation at E=25 d=2' from the label 'self-spec E=25
+    d=2' (a label that starts with a short form of the method's name), the label itself where it names the method."""
+    first, _, rest = label.partition(" ")
+    if rest and method.lower().startswith(first.lower()):
+        return f"{method} at {rest}"
+    return label if method in label else f"{method} at {label}"
+
+
 def bottom_line(best: pd.DataFrame, names: dict, target: float, exact=("self-speculation",)) -> str:
     """One sentence per model of ``best`` (:func:`earlyexit.experiments.compare.best_at` rows with ``model``,
     ``method``, ``label``, ``speed``, ``meets``; display ``names``): how many methods keep the ``target``
@@ -27,7 +36,7 @@ def bottom_line(best: pd.DataFrame, names: dict, target: float, exact=("self-spe
                "slower than full depth" if s < 1 - PREDICTION_ERROR else "no faster than full depth")
         fastest = "it" if n == 1 else "the fastest of them"
         kind = " (exact by construction)" if top["method"] in exact else ""
-        what = top["label"] if str(top["method"]) in str(top["label"]) else f"{top['method']} at {top['label']}"
+        what = _what(str(top["method"]), str(top["label"]))
         out.append(f"On {name} {some} a consistency of {target:.2f}; {fastest} is {what}{kind}, predicted at "
                    f"{s:.2f}× full depth: {how}.")
     return " ".join(out)

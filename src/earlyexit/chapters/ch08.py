@@ -153,8 +153,8 @@ def pareto_figure(summ: pd.DataFrame, bounds: pd.DataFrame, keys, names: dict, t
     family of :data:`PARETO_FAMILIES` (the confidence rule and the exit classifier coloured by their cache; SkipDecode,
     the bounds and self-speculation), every point of ``summ`` with its intervals on both axes, the cost model's
     bound of each cache (``bounds``, crosses, in the confidence rule's column), the ``target`` consistency (dashed)
-    and full depth's speed (dotted). One x scale for every panel, so that any two points compare; a legend per
-    column above the data."""
+    and full depth's speed (dotted). One x scale for every panel, logarithmic as befits a ratio (0.5× and 2× lie
+    as far from 1×), so that any two points compare; a legend per column above the data."""
     import matplotlib.pyplot as plt
 
     figures.setup_style()
@@ -165,8 +165,8 @@ def pareto_figure(summ: pd.DataFrame, bounds: pd.DataFrame, keys, names: dict, t
     shown = summ[summ.model.isin(keys)]
     xs = np.concatenate([shown[["speed_lo", "speed_hi"]].to_numpy(float).ravel(),
                          bounds[bounds.model.isin(keys)]["speed"].to_numpy(float), [1.0]])
-    xs = xs[np.isfinite(xs)]
-    pad = 0.05 * max(float(xs.max() - xs.min()), 0.1)
+    xs = xs[np.isfinite(xs) & (xs > 0)]
+    pad = 1.08                                     # a ratio axis: log scale, 8% beyond the outermost point
     handles = [dict() for _ in fams]
     for r, key in enumerate(keys):
         s = shown[shown.model == key]
@@ -185,7 +185,16 @@ def pareto_figure(summ: pd.DataFrame, bounds: pd.DataFrame, keys, names: dict, t
             if r == len(keys) - 1:
                 ax.set_xlabel("speed vs full depth (×, cost model)")
         axes[r, 0].set_ylabel(f"{names[key]}\nconsistency (ROUGE-L)")
-    axes[0, 0].set(ylim=(0, 1.05), xlim=(float(xs.min()) - pad, float(xs.max()) + pad))
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+    lo, hi = float(xs.min()) / pad, float(xs.max()) * pad
+    axes[0, 0].set(ylim=(0, 1.05), xscale="log", xlim=(lo, hi))
+    ticks = [t for t in (0.1, 0.2, 0.25, 0.33, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0) if lo <= t <= hi]
+    for ax in axes.flat:
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticklabels([f"{t:g}" for t in ticks])
     for c, (title, _) in enumerate(fams):
         ax = axes[0, c]
         ax.set_title(title, fontsize=8)
