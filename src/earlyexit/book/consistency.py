@@ -28,8 +28,8 @@ def glued(path: Path) -> dict:
     return out
 
 
-# what a page says of its own run: each page states the CPU threads it ran with
-PER_PAGE = frozenset({"threads", "threads_phrase"})
+# what a page says of its own run: each page states the CPU threads it ran with and the tokens its runs generate
+PER_PAGE = frozenset({"threads", "threads_phrase", "n_new"})
 
 
 def _is_fact(key: str, value: str) -> bool:
