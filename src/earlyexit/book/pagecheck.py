@@ -5,18 +5,13 @@
         for page in pagecheck.pages(Path("_build/html")):
             print(page, c.check(page))          # a list of problems, [] when the page is fine
 
-The book is served from 127.0.0.1 by a small HTTP server; every request that leaves localhost is
-aborted, so a page that needs the network (MathJax from a CDN, a web font) shows it. A page fails on:
-an ``<img>`` that did not load or a local file that answered with an error; a formula MathJax left
-as raw TeX (``\\(``, ``\\[``, ``$$``, ``$...$`` in the visible text, code aside) or typeset as an
-error; a glue key or other build warning left in the page (``keep_warnings``) or an unresolved
-cross-reference; an internal link or ``#anchor`` that does not resolve; a JavaScript error or a
-request that left localhost; text that looks like the build machine's absolute paths (``/work/``,
-``PosixPath(`` ...), a tqdm progress bar or a Python warning, outside code cells' sources; a table
-wider than the content column (scroll width against column width; a folded table, e.g.
-``hide-output``, passes); a raster image of the content under :data:`MIN_IMAGE_PX` natural pixels
-(SVGs pass); a table cell reading NaN/nan (also ``nan [nan, nan]``), None, <NA> or NaT; NaN/nan
-in the prose (the text outside code and tables).
+The book is served from 127.0.0.1; every request that leaves localhost is aborted, so a page that needs the network
+(MathJax from a CDN, a web font) shows it. A page fails on: an ``<img>`` or local file that did not load; math left
+as raw TeX or typeset as an error; a glue key or build warning left in the page, an unresolved cross-reference, a
+link or ``#anchor`` that does not resolve; a JavaScript error or a request off localhost; the build machine's paths,
+a tqdm bar or a Python warning outside code; a table wider than the content column (folded ones pass), or showing a
+pandas index; a raster image under :data:`MIN_IMAGE_PX` pixels (SVGs pass); NaN, None, <NA> or NaT in a table cell
+or NaN in the prose.
 
 A full-page PNG screenshot of each page goes to ``screenshots/`` (by default
 ``<build>/_screenshots/``). Chromium is Debian's ``/usr/bin/chromium`` (or ``$EARLYEXIT_CHROMIUM``),
@@ -120,9 +115,8 @@ def image_size_problems(images, min_px: int = MIN_IMAGE_PX) -> list[str]:
 
 
 def table_problems(tables, column_px: float) -> list[str]:
-    """Tables (dicts: w, the scroll width, 0 when folded; head, to name it; cells; rowheads, each body row's header
-    cell or None) wider than the content column, showing a pandas index (row headers 0, 1, 2, ...), or with a cell
-    reading NaN/nan (also "nan [nan, nan]"), None, <NA> or NaT, folded or not."""
+    """Tables (dicts: w, scroll width, 0 folded; head; cells; rowheads, each body row's header cell or None) wider than
+    the column, showing a pandas index (rows 0, 1, 2, ...), or with a NaN/nan, None, <NA> or NaT cell, folded or not."""
     out = [f"a table wider than the page: {t['w']:.0f} px in a {column_px:.0f} px column ({t['head']})"
            for t in tables if t["w"] > column_px + 1]
     for t in tables:
