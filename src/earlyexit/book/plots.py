@@ -103,25 +103,6 @@ def legend_below(fig, axes=None, *, ncols: int | None = None, loc: str = "outsid
     return fig.legend(list(entries.values()), list(entries), loc=loc, ncols=ncols or min(len(entries), 3), **kw)
 
 
-def family_legend(fig, families: dict, *, loc: str = "outside lower center", **kw):
-    """A legend outside the panels with one column per family ({family title: [(handle, label), ...]}), the title
-    in bold at the top of its column: a reader finds a method by its family first."""
-    from matplotlib.lines import Line2D
-
-    blank = Line2D([], [], lw=0, marker="")
-    rows = max(len(v) for v in families.values()) + 1
-    handles, labels, titles = [], [], []
-    for title, entries in families.items():
-        col = [(blank, title), *entries] + [(blank, "")] * (rows - 1 - len(entries))
-        titles.append(len(labels))
-        handles += [h for h, _ in col]
-        labels += [lab for _, lab in col]
-    leg = fig.legend(handles, labels, loc=loc, ncols=len(families), **kw)
-    for i in titles:
-        leg.get_texts()[i].set_fontweight("bold")
-    return leg
-
-
 # --------------------------------------------------------------------------- tables as a reader sees them
 
 
