@@ -17,12 +17,13 @@ TORCH_INDEX ?=
 PIP_INSTALL = $(PY) -m pip install --quiet --disable-pip-version-check \
               $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
-.PHONY: help setup model book test clean
+.PHONY: help setup model book test clean llama-cpp
 
 help:
 	@echo "make book    set up .venv, fetch the model, run every chapter on the CPU, build _build/html"
 	@echo "make test    set up .venv, run pytest, then build the book on a tiny model (warnings as errors)"
 	@echo "make clean   remove _build/ and book/generated/ (executed notebooks)"
+	@echo "make llama-cpp  build the optional llama.cpp peer of benchmarks/bench_engine.py (about 7 minutes)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +50,12 @@ test: model
 	$(PY) -m pytest -q -m "not browser"
 	$(PY) -m earlyexit book --profile smoke
 	$(PY) -m pytest -q -m browser
+
+# The optional CPU peer of the engine benchmark: pip builds llama-cpp-python from its sdist (cmake and a C
+# compiler; about 7 minutes on 2 cores). Its own runtime needs are numpy, jinja2 and diskcache.
+LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+llama-cpp: setup
+	$(PIP_INSTALL) --no-deps $(LLAMA_CPP_PYTHON) diskcache==5.6.3
 
 clean:
 	rm -rf _build book/generated

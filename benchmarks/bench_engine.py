@@ -12,14 +12,25 @@ bookkeeping.
 The bandwidth is the median of measurements taken before and between the repetitions.
 Tokens/s include the prompt pass; the fraction of the ceiling is taken on the decoding steps alone (a run of
 ``--tokens`` minus a run of 1 token), since only they read every weight once per token.
-``--dtype bfloat16`` halves the bytes (and reports the logit error against fp32).
+
+Every weight path in one run, beside llama.cpp. The engine's paths: float32 (packed for oneDNN, and the modules'
+own layout), bfloat16 (a bf16 model), and the weight-only ``int8`` and ``int4`` paths of
+:mod:`earlyexit.engine.lowbit` (int4 holds the GGUF's own Q4_1 blocks); HF ``generate`` in float32; and, when
+``llama-cpp-python`` is installed (``make llama-cpp``, an optional extra), llama.cpp on the embedded Q4_1 GGUF and on
+copies converted with the ``gguf`` package to Q8_0, BF16 and F32 (kept under ``data/models/``). All of them
+alternate prompt by prompt, over ``--reps`` rounds, the order reversed every other round. Printed per path:
+tokens/s (prompt pass included), the bytes of weights a token reads, the share of the bandwidth ceiling for those
+bytes (decoding steps alone), the paired speed ratio to llama.cpp at the same weight precision (float32 and F32,
+bfloat16 and BF16, int8 and Q8_0, int4 and Q4_1) with its 95% interval over prompts, greedy agreement with the
+engine's float32 tokens, and the largest logit difference against float32 along float32's own output.
 
 ``--kernels`` times the products alone instead, for every matrix of a layer and the head, at 1 to 16 rows: torch's
 ``linear`` over the module's weight (MKL) against oneDNN over the weight reordered once (what the engine uses),
 side by side, with the bytes streamed per second and each row count's cost relative to one row. Each matrix is
 taken from every layer in turn, so that the products read from memory, not from the caches.
 
-    python benchmarks/bench_engine.py [--model smollm2-135m] [--prompts 6] [--tokens 64] [--reps 3] [--dtype float32]
+    python benchmarks/bench_engine.py [--model smollm2-135m] [--prompts 6] [--tokens 64] [--reps 3] [--threads 1]
+    python benchmarks/bench_engine.py --paths fp32,int4,llama-Q4_1 --threads 2
     python benchmarks/bench_engine.py --kernels
 """
 from __future__ import annotations
@@ -28,12 +39,16 @@ import argparse
 import statistics
 import time
 
+import pandas as pd
 import torch
 
 from earlyexit.corpus import encode, load_prompts
 from earlyexit.engine import DecodeConfig, decode
+from earlyexit.engine import llamacpp
 from earlyexit.engine.adapter import Adapter, blocked_linear
-from earlyexit.engine.models import load_model
+from earlyexit.engine.lowbit import LowBitAdapter
+from earlyexit.engine.models import GGUF_NAME, embedded_dir, load_model
+from earlyexit.experiments.speeds import paired_ratio
 
 
 def bandwidth(mb: int = 512, reps: int = 7) -> float:
@@ -153,96 +168,165 @@ def bytes_per_token(model) -> int:
     return total
 
 
+# path -> (weight precision it is paired on, what it is)
+PATHS = {"fp32": ("fp32", "engine, float32, packed for oneDNN"),
+         "fp32-modules": ("fp32", "engine, float32, the modules' own layout"),
+         "bf16": ("bf16", "engine, bfloat16 model"),
+         "int8": ("int8", "engine, int8 weights (rows scaled), bf16 products"),
+         "int4": ("int4", "engine, int4 weights (the GGUF's Q4_1 blocks), bf16 products"),
+         "hf": ("fp32", "HF generate, float32"),
+         "llama-F32": ("fp32", "llama.cpp, F32 (dequantized Q4_1)"),
+         "llama-BF16": ("bf16", "llama.cpp, BF16"),
+         "llama-Q8_0": ("int8", "llama.cpp, Q8_0"),
+         "llama-Q4_1": ("int4", "llama.cpp, Q4_1 (the embedded file)")}
+
+
+def contenders(a, names):
+    """``name -> run(ids, n) -> (tokens, seconds)`` for every path in ``names``, with the bytes of weights each
+    reads a token (skipping llama.cpp, with a line that says so, where it is not installed)."""
+    lm = load_model(a.model, dtype="float32")
+    runs, nbytes = {}, {}
+    full = DecodeConfig.full()
+
+    def engine(A):
+        def run(ids, n):
+            r = decode(A, [ids], full, n, stop_at_eos=False)
+            return r.tokens[0].tolist(), r.wall_s
+        return run
+
+    for name in names:
+        if name == "fp32":
+            A = Adapter(lm).for_inference()
+            runs[name], nbytes[name] = engine(A), bytes_per_token(lm.model)
+        elif name == "fp32-modules":
+            runs[name], nbytes[name] = engine(Adapter(lm, pack=False)), bytes_per_token(lm.model)
+        elif name == "bf16":
+            lm16 = load_model(a.model, dtype="bfloat16")
+            runs[name], nbytes[name] = engine(Adapter(lm16).for_inference()), bytes_per_token(lm16.model)
+        elif name in ("int8", "int4"):
+            A = LowBitAdapter(lm, name).for_inference()
+            small = sum(p.numel() * p.element_size() for n_, p in lm.model.named_parameters() if p.ndim == 1)
+            runs[name], nbytes[name] = engine(A), A.packed.weight_bytes() + small
+        elif name == "hf":
+            def hf(ids, n):
+                x = torch.tensor([ids])
+                t = time.perf_counter()
+                with torch.inference_mode():
+                    out = lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                                            do_sample=False, pad_token_id=lm.tokenizer.pad_token_id or 0)
+                return out[0, len(ids):].tolist(), time.perf_counter() - t
+            runs[name], nbytes[name] = hf, bytes_per_token(lm.model)
+        elif name.startswith("llama-"):
+            if a.model != "smollm2-135m":
+                print(f"{name}: skipped (llama.cpp runs on the embedded GGUF only)")
+                continue
+            if not llamacpp.available():
+                print(f"{name}: skipped (llama-cpp-python is not installed: make llama-cpp)")
+                continue
+            prec = name.split("-", 1)[1]
+            src = embedded_dir() / GGUF_NAME
+            path = src if prec == "Q4_1" else llamacpp.convert_gguf(
+                src, embedded_dir() / f"converted-gguf/{src.stem.rsplit('.', 1)[0]}.{prec}.gguf", prec)
+            peer = llamacpp.LlamaCpp(path, threads=a.threads)
+            runs[name], nbytes[name] = peer.greedy, llamacpp.gguf_bytes(path)
+        else:
+            raise ValueError(f"unknown path {name!r}: choose from {', '.join(PATHS)}")
+    return lm, runs, nbytes
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--paths", default=",".join(PATHS),
+                    help=f"comma-separated, from: {', '.join(PATHS)}")
     ap.add_argument("--kernels", action="store_true", help="time the weight products alone, by rows (see above)")
     a = ap.parse_args()
+    names = [n.strip() for n in a.paths.split(",") if n.strip()]
+    bad = [n for n in names if n not in PATHS]
+    if bad or a.tokens < 2:
+        ap.error(f"unknown path(s) {bad}: choose from {', '.join(PATHS)}" if bad else "--tokens must be >= 2")
     torch.set_num_threads(a.threads)
-    lm = load_model(a.model, device=a.device, dtype=a.dtype)
     if a.kernels:
-        print(f"model={a.model} dtype={a.dtype} threads={torch.get_num_threads()}; memory bandwidth "
-              f"{bandwidth() / 1e9:.1f} GB/s")
+        lm = load_model(a.model, dtype="float32")
+        print(f"model={a.model} threads={torch.get_num_threads()}; memory bandwidth {bandwidth() / 1e9:.1f} GB/s")
         kernels(Adapter(lm))
         return
+    if "fp32" not in names:                            # the reference of agreement and of the breakdown
+        names = ["fp32"] + names
+    lm, runs, nbytes = contenders(a, names)
     ps = encode(load_prompts("mix", a.prompts, seed=0, tokenizer=lm.tokenizer, max_prompt_tokens=96),
                 lm.tokenizer, 96)
-    dev = lm.device
-    full = DecodeConfig.full()
-
-    plain_layout = Adapter(lm, pack=False)
-
-    def ours(ids, n=a.tokens):
-        return decode(lm, [ids], full, n, stop_at_eos=False).wall_s
-
-    def modules(ids):
-        return decode(plain_layout, [ids], full, a.tokens, stop_at_eos=False).wall_s
-
-    def hf(ids):
-        x = torch.tensor([ids], device=dev)
-        t = time.perf_counter()
-        with torch.inference_mode():
-            lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=a.tokens,
-                              min_new_tokens=a.tokens, do_sample=False, pad_token_id=2)
-        return time.perf_counter() - t
-
-    def prompt_pass(ids):
-        return ours(ids, 1)
-
-    ours(ps[0]), modules(ps[0]), hf(ps[0])  # warm-up
-    t = {f.__name__: [] for f in (ours, modules, hf, prompt_pass)}
-    bws, products, maths = [bandwidth()], [], []     # measured between the runs too: the machine's bandwidth drifts
-    A = Adapter(lm).for_inference()
-    for r in range(a.reps):
-        for ids in ps:  # interleaved, alternating the order
-            fs = [ours, modules, hf, prompt_pass]
-            for f in (fs if r % 2 == 0 else fs[::-1]):
-                t[f.__name__].append(f(ids))
-        bws.append(bandwidth())
-        if A.packed is not None:          # packed weights: a CPU with oneDNN
-            products.append(weight_products(A))
-            maths.append(layer_math(A))
     n = a.tokens
-    tps = {k: n / statistics.median(v) for k, v in t.items() if k != "prompt_pass"}
-    steps = [(o - p) / (n - 1) for o, p in zip(t["ours"], t["prompt_pass"])]
-    step_tps = 1 / statistics.median(steps)
+    for run in runs.values():                          # warm-up
+        run(ps[0], 4)
+    t = {k: {} for k in runs}                          # name -> (prompt, round) -> seconds
+    t1 = {k: [] for k in runs}                         # prompt pass alone (1 token)
+    toks = {}
+    bws = [bandwidth()]                                # measured between the rounds too: the bandwidth drifts
+    order = list(runs)
+    for r in range(a.reps):
+        for p, ids in enumerate(ps):
+            for k in (order if (r + p) % 2 == 0 else order[::-1]):
+                out, s = runs[k](ids, n)
+                t[k][p, r] = s
+                toks.setdefault(k, {})[p] = out
+                t1[k].append(runs[k](ids, 1)[1])
+        bws.append(bandwidth())
     bw = statistics.median(bws)
-    per_token = bytes_per_token(lm.model)
-    ceiling = bw / per_token
-    prod_s = statistics.median(products) if products else None
-    print(f"model={a.model} device={dev} dtype={a.dtype} threads={torch.get_num_threads()} prompts={len(ps)} "
-          f"tokens={n} reps={a.reps}")
-    print(f"engine full depth: {tps['ours']:.1f} tok/s   engine, module layout: {tps['modules']:.1f} tok/s   "
-          f"HF generate: {tps['hf']:.1f} tok/s (median over {len(t['ours'])} runs each, prompt pass included)")
-    print(f"ratio engine/HF = {tps['ours'] / tps['hf']:.2f}x   packed/module layout = "
-          f"{tps['ours'] / tps['modules']:.2f}x")
-    print(f"memory bandwidth {bw / 1e9:.1f} GB/s, weights read per token {per_token / 1e6:.0f} MB: ceiling "
-          f"{ceiling:.1f} tok/s; engine decoding steps {step_tps:.1f} tok/s = {step_tps / ceiling:.2f} of the "
-          f"ceiling")
-    if prod_s is not None:
-        print(f"the weight products alone: {1 / prod_s:.1f} tok/s = {1 / prod_s / ceiling:.2f} of the ceiling; the "
-              f"engine's other work (norms, RoPE, attention, the cache, Python) costs "
-              f"{(1 / step_tps - prod_s) * 1e3:.1f} ms of its {1e3 / step_tps:.1f} ms a token")
-        math_s = statistics.median(maths)
-        print(f"the layers' math alone (no rule, strategy, provenance map, mask or counters): {1 / math_s:.1f} tok/s "
-              f"= {1 / math_s / ceiling:.2f} of the ceiling; of the other work, the math's small ops (norms, RoPE, "
-              f"attention, cache writes) cost {(math_s - prod_s) * 1e3:.1f} ms a token and the engine's bookkeeping "
-              f"{(1 / step_tps - math_s) * 1e3:.1f} ms")
-    if a.dtype != "float32":
-        ref = load_model(a.model, device=a.device, dtype="float32")
+    print(f"model={a.model} threads={torch.get_num_threads()} prompts={len(ps)} tokens={n} reps={a.reps}; "
+          f"memory bandwidth {bw / 1e9:.1f} GB/s (median of {len(bws)})")
+    ref_tokens = toks["fp32"]
+    print(f"{'path':<13} {'tok/s':>6} {'MB/token':>8} {'ceiling':>8} {'share':>6} {'vs llama.cpp (95% CI)':>24} "
+          f"{'= fp32':>7}  what")
+    for k in runs:
+        med = statistics.median(t[k].values())
+        step = (med - statistics.median(t1[k])) / (n - 1)
+        ceiling = bw / nbytes[k]
+        peer = {"fp32": "llama-F32", "bf16": "llama-BF16", "int8": "llama-Q8_0", "int4": "llama-Q4_1"}.get(
+            PATHS[k][0])
+        vs = ""
+        if peer in runs and peer != k:
+            rows = [{"group": p, "round": r, "ratio": t[peer][p, r] / t[k][p, r]} for (p, r) in t[k]]
+            pr = paired_ratio(pd.DataFrame(rows))
+            vs = f"{pr['ratio']:.2f}x [{pr['lo']:.2f}, {pr['hi']:.2f}]"
+        same = sum(toks[k][p] == ref_tokens[p] for p in ref_tokens)
+        print(f"{k:<13} {n / med:>6.1f} {nbytes[k] / 1e6:>8.0f} {ceiling:>8.1f} {1 / step / ceiling:>6.2f} "
+              f"{vs:>24} {same:>3}/{len(ps):<3}  {PATHS[k][1]}")
+    if "hf" in runs:
+        hf = pd.DataFrame([{"group": p, "round": r, "ratio": t["hf"][p, r] / t["fp32"][p, r]} for (p, r) in t["fp32"]])
+        pr = paired_ratio(hf)
+        print(f"engine float32 / HF generate: {pr['ratio']:.2f}x [{pr['lo']:.2f}, {pr['hi']:.2f}] (paired, 95% CI)")
+    print("tok/s: the median run, prompt pass included; ceiling: bandwidth / bytes a token reads (tok/s); share: "
+          "the decoding steps' rate over that ceiling; vs llama.cpp: the paired ratio at the same weight precision; "
+          "= fp32: prompts whose greedy tokens equal the engine's float32 tokens")
+    if "fp32" in names:
+        A = Adapter(lm).for_inference()
+        prod_s = statistics.median(weight_products(A) for _ in range(3))
+        math_s = statistics.median(layer_math(A) for _ in range(3))
+        step = (statistics.median(t["fp32"].values()) - statistics.median(t1["fp32"])) / (n - 1)
+        ceiling = bw / nbytes["fp32"]
+        print(f"fp32, where a token's {step * 1e3:.1f} ms go: the weight products alone {prod_s * 1e3:.1f} ms "
+              f"({1 / prod_s / ceiling:.2f} of the ceiling), the layers' small ops (norms, RoPE, attention, cache "
+              f"writes) {(math_s - prod_s) * 1e3:.1f} ms, the engine's bookkeeping {(step - math_s) * 1e3:.1f} ms")
+    low = [k for k in ("bf16", "int8", "int4") if k in runs]
+    if low:
         ids = ps[0]
-        r32 = decode(ref, [ids], full, 16, stop_at_eos=False, return_logits=True)
-        r16 = decode(lm, [ids], full, 16, stop_at_eos=False, return_logits=True, force=r32.tokens)  # same path
-        diff = (r16.logits - r32.logits).abs()
-        same = (r16.logits.argmax(-1) == r32.logits.argmax(-1)).float().mean()
-        print(f"{a.dtype} logits against float32 along the float32 output (one prompt, 16 tokens): max abs diff "
-              f"{diff.max():.3g}, mean {diff.mean():.3g}; same top-1 token at {same:.0%} of the steps")
+        r32 = decode(lm, [ids], DecodeConfig.full(), 16, stop_at_eos=False, return_logits=True)
+        for k in low:
+            if k == "bf16":
+                other = Adapter(load_model(a.model, dtype="bfloat16")).for_inference()
+            else:
+                other = LowBitAdapter(lm, k).for_inference()
+            rk = decode(other, [ids], DecodeConfig.full(), 16, stop_at_eos=False, return_logits=True,
+                        force=r32.tokens)
+            diff = (rk.logits.float() - r32.logits).abs()
+            top = (rk.logits.argmax(-1) == r32.logits.argmax(-1)).float().mean()
+            print(f"{k} logits against float32 along float32's output (one prompt, 16 tokens): largest difference "
+                  f"{diff.max():.3g} (logit scale {r32.logits.abs().max():.3g}); same top-1 at {top:.0%} of steps")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,81 @@
+"""Chapter 9's last question: do its conclusions hold on a faster engine?
+
+The cost model's units are timed again on the engine's int4 weight path (:mod:`earlyexit.engine.lowbit`: the
+embedded GGUF's own Q4_1 blocks, the head at int8, bf16 products), which reads about a sixth of the float32 bytes.
+The chapter's two summary numbers are then recomputed from those units: the acceptance at which self-speculation
+breaks even, and the speed oracle exits would reach (the same replayed exits, priced by the new units).
+
+    units = faster.units_on(released, "int4", P)
+    tab = faster.move_table({"float32": units32, "int4": units}, L, E, d, sig, P.speed_goal)
+    C.notes(faster.move_notes(tab))
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .. import store
+from ..engine.lowbit import LowBitAdapter
+from ..experiments import budget, costmodel, frontier
+
+ROWS = ("layer, one token [ms]", "head [ms]", "step overhead [ms]", "full-depth step [ms]", "head [layers]",
+        "mean exit for the speed goal [layers]", "break-even acceptance", "oracle exits [× full depth]")
+
+
+def units_on(lm, weights: str, P) -> pd.DataFrame:
+    """The cost model's unit costs timed on the ``weights`` path of ``lm`` (cached per model, path, machine and
+    thread count, as the float32 units are)."""
+    params = {"ctx": P.unit_ctx, "shortlist": P.shortlist, "repeats": P.unit_repeats, "weights": weights,
+              **costmodel.machine_id()}
+    return store.cached("cost_units_lowbit", params, lambda: pd.DataFrame(costmodel.time_units(
+        LowBitAdapter(lm, weights), P.unit_ctx, P.shortlist, P.unit_repeats)), model=lm)
+
+
+def _u(units: pd.DataFrame, unit: str, size: int = 1) -> float:
+    return float(units[(units.unit == unit) & (units["size"] == size)]["seconds"].iloc[0])
+
+
+def move_table(paths: dict, L: int, E: int, d: int, sig: pd.DataFrame, speed_goal: float) -> pd.DataFrame:
+    """One column per weight path (``paths``: name -> units), one row per quantity of :data:`ROWS`: the units,
+    a full-depth step (L layers, the head, the overhead), the head in layers, the mean exit that ``speed_goal``
+    needs with free decisions, self-speculation's break-even acceptance at (E, d) (NaN: out of reach even with
+    every draft accepted) and oracle exits' speed over the replayed continuations ``sig``."""
+    cols = {}
+    for name, units in paths.items():
+        c1, head, over = _u(units, "layer"), _u(units, "head"), _u(units, "step")
+        full = L * c1 + head + over
+        fr = frontier.frontier(sig, L, units)
+        oracle = float(fr[fr.rule == "oracle"]["speed"].iloc[0])
+        cols[name] = [c1 * 1e3, head * 1e3, over * 1e3, full * 1e3, head / c1,
+                      (full / speed_goal - head - over) / c1, budget.needed_acceptance(L, E, d, units, 1.0), oracle]
+    return pd.DataFrame(cols, index=pd.Index(list(ROWS), name="quantity"))
+
+
+def moves(a: float, b: float, digits: int = 2) -> str:
+    """How a quantity went from ``a`` to ``b``, in words: "rises from a to b", "falls from a to b", "stays at a"
+    (equal at ``digits`` decimals); NaN reads as out of reach."""
+    fa, fb = (f"{x:.{digits}f}" if math.isfinite(x) else "out of reach" for x in (a, b))
+    if fa == fb:
+        return f"stays at {fa}"
+    if not math.isfinite(a) or not math.isfinite(b):
+        return f"goes from {fa} to {fb}"
+    return f"{'rises' if b > a else 'falls'} from {fa} to {fb}"
+
+
+def move_notes(tab: pd.DataFrame, ref: str = "float32", fast: str = "int4") -> dict:
+    """Glue for the section: each path's full-depth step, the speed-up of the fast path's step, and one sentence
+    (or clause) for each of the chapter's summary numbers."""
+    r, f = tab[ref], tab[fast]
+
+    def mv(row, digits=2):
+        return moves(float(r[row]), float(f[row]), digits)
+
+    return {"fast_step_ms": float(f["full-depth step [ms]"]), "ref_step_ms": float(r["full-depth step [ms]"]),
+            "fast_step_ratio": float(r["full-depth step [ms]"] / f["full-depth step [ms]"]),
+            "fast_head": f"The head costs {r['head [layers]']:.1f} layers of one token on the {ref} path and "
+                         f"{f['head [layers]']:.1f} on the {fast} path, and the step overhead "
+                         f"{mv('step overhead [ms]', 1)} ms.",
+            "fast_break_even": f"Self-speculation's break-even acceptance {mv('break-even acceptance')}",
+            "fast_oracle": f"oracle exits' speed {mv('oracle exits [× full depth]')} times full depth",
+            "fast_exit": f"the mean exit the speed goal needs {mv('mean exit for the speed goal [layers]', 1)} layers"}

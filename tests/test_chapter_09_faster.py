@@ -1,0 +1,56 @@
+"""Chapter 9's section on a faster engine (chapters.faster): the table of what moves when the units get cheaper,
+and each wording branch of its sentences (rises, falls, stays, out of reach)."""
+import math
+
+import pandas as pd
+import pytest
+
+from earlyexit.chapters import faster
+from test_chapter_09 import make_units
+from test_frontier import _sig
+
+
+def cheaper(units, layer=0.25, head=0.5):
+    """The same table with the layers ``layer`` times and the head ``head`` times their price."""
+    u = units.copy()
+    u.loc[u.unit == "layer", "seconds"] *= layer
+    u.loc[u.unit.isin(["head", "head_short"]), "seconds"] *= head
+    return u
+
+
+L = 4
+SIG = _sig(L, 2, [[0.9, 0.99], [0.5, 0.95], [0.99, 0.999]], [[True, True], [False, True], [True, True]])
+
+
+def test_move_table_prices_the_same_exits_with_each_path_units():
+    base = make_units()
+    tab = faster.move_table({"float32": base, "int4": cheaper(base)}, L, 2, 2, SIG, 1.2)
+    assert list(tab.index) == list(faster.ROWS) and list(tab.columns) == ["float32", "int4"]
+    f, q = tab["float32"], tab["int4"]
+    assert f["layer, one token [ms]"] == pytest.approx(1.0) and q["layer, one token [ms]"] == pytest.approx(0.25)
+    assert f["full-depth step [ms]"] == pytest.approx(4 * 1.0 + 0.5 + 0.1)
+    assert f["head [layers]"] == pytest.approx(0.5) and q["head [layers]"] == pytest.approx(1.0)
+    # the head and the overhead weigh more when the layers get cheaper: the oracle saves a smaller share
+    assert q["oracle exits [× full depth]"] < f["oracle exits [× full depth]"]
+    assert f["oracle exits [× full depth]"] > 1.0
+
+
+@pytest.mark.parametrize("a, b, want", [(0.7, 0.8, "rises from 0.70 to 0.80"), (0.8, 0.7, "falls from 0.80 to 0.70"),
+                                         (0.701, 0.699, "stays at 0.70"),
+                                         (0.7, math.nan, "goes from 0.70 to out of reach"),
+                                         (math.nan, math.nan, "stays at out of reach")])
+def test_moves_every_branch(a, b, want):
+    assert faster.moves(a, b) == want
+
+
+def test_move_notes():
+    tab = pd.DataFrame({"float32": [1.0, 7.0, 2.0, 39.0, 7.0, 20.0, 0.7, 1.3],
+                        "int4": [0.2, 2.0, 2.0, 10.0, 10.0, 2.0, math.nan, 1.1]},
+                       index=pd.Index(list(faster.ROWS), name="quantity"))
+    n = faster.move_notes(tab)
+    assert n["fast_step_ratio"] == pytest.approx(3.9) and n["fast_step_ms"] == 10.0 and n["ref_step_ms"] == 39.0
+    assert n["fast_head"] == ("The head costs 7.0 layers of one token on the float32 path and 10.0 on the int4 "
+                              "path, and the step overhead stays at 2.0 ms.")
+    assert n["fast_break_even"].endswith("goes from 0.70 to out of reach")
+    assert n["fast_oracle"] == "oracle exits' speed falls from 1.30 to 1.10 times full depth"
+    assert n["fast_exit"] == "the mean exit the speed goal needs falls from 20.0 to 2.0 layers"
