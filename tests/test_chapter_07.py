@@ -246,3 +246,17 @@ def test_break_even_reached_or_out_of_reach():
                                                              "0.80, where the training of chapter 6 reached 0.45")
     s = ch07.break_even_sentence(NAN, 0.45, (25, 2))
     assert s.startswith("no acceptance lets a draft from the best depth (E = 25, d = 2) break even") and "nan" not in s
+
+
+def test_budget_table_states_both_levels_and_out_of_reach():
+    from test_chapter_09 import make_units
+    rows = []
+    for E, d, a1, a15 in ((2, 2, 0.6, 0.9), (3, 1, 0.8, math.nan)):
+        for target, a in ((1.0, a1), (ch07.SPEED_GOAL, a15)):
+            rows.append({"E": E, "d": d, "shortlist": False, "target": target, "alpha_needed": a,
+                         "recipe": "layerskip", "alpha_now": 0.4, "tokens_needed": 1e7 if target == 1.0 else 1e9})
+    t = ch07.budget_table(pd.DataFrame(rows), make_units(), 4, ["layerskip"], False).data
+    assert list(t["draft"]) == ["E = 2, d = 2", "E = 3, d = 1"]
+    assert list(t["acceptance needed for 1.0x"]) == ["0.60", "0.80"]
+    assert list(t[f"acceptance needed for {ch07.SPEED_GOAL:g}x"]) == ["0.90", "out of reach"]
+    assert t.filter(like="now, tokens for 1.0x").iloc[0, 0] == "0.40, 1e+07"

@@ -186,14 +186,18 @@ def budget_notes(acc_t, need, ext, units, L: int, exits, drafts, best: tuple, sh
 
 
 def budget_table(ext, units, L: int, runs, shortlist: bool):
-    """Per (E, d): the speed-up if every draft were accepted, the acceptance break-even needs, and for each
-    run its acceptance now and the training tokens its fitted line needs to get there."""
+    """Per (E, d): the speed-up if every draft were accepted, the acceptance break-even and the speed goal
+    need ("out of reach": not even at acceptance 1), and for each run its acceptance now and the training tokens
+    its fitted line needs to break even."""
     rows = []
-    for (E, d), g in ext[(ext.shortlist == shortlist) & (ext.target == 1.0)].groupby(["E", "d"]):
-        a = g["alpha_needed"].iloc[0]
+    mine = ext[ext.shortlist == shortlist]
+    goal = mine[mine.target == SPEED_GOAL].groupby(["E", "d"])["alpha_needed"].first()
+    for (E, d), g in mine[mine.target == 1.0].groupby(["E", "d"]):
+        a, b = g["alpha_needed"].iloc[0], goal.get((E, d), np.nan)
         r = {"draft": f"E = {int(E)}, d = {int(d)}",
              "speed-up if every draft is accepted": f"{float(budget.speedup(1.0, L, int(E), int(d), units, shortlist)):.2f}x",
-             "acceptance needed for 1.0x": f"{a:.2f}" if np.isfinite(a) else "out of reach"}
+             "acceptance needed for 1.0x": f"{a:.2f}" if np.isfinite(a) else "out of reach",
+             f"acceptance needed for {SPEED_GOAL:g}x": f"{b:.2f}" if np.isfinite(b) else "out of reach"}
         for k in runs:
             x = g[g.recipe == k].iloc[0]
             t = x.tokens_needed
