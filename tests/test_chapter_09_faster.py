@@ -54,3 +54,17 @@ def test_move_notes():
     assert n["fast_break_even"].endswith("goes from 0.70 to out of reach")
     assert n["fast_oracle"] == "oracle exits' speed falls from 1.30 to 1.10 times full depth"
     assert n["fast_exit"] == "the mean exit the speed goal needs falls from 20.0 to 2.0 layers"
+
+
+def test_units_on_paths_times_each_path_once_in_one_entry(counts_dir):
+    from types import SimpleNamespace
+
+    from earlyexit.engine import load_model
+    lm = load_model("tiny-llama")
+    P = SimpleNamespace(unit_ctx=16, shortlist=64, unit_repeats=1)
+    got = faster.units_on_paths(lm, P)
+    assert list(got) == ["float32", "int4"]
+    for units in got.values():
+        assert {"layer", "head", "step"} <= set(units.unit) and "path" not in units
+    again = faster.units_on_paths(lm, P)                        # read back from the store, not timed again
+    assert all(again[k].equals(got[k]) for k in got)
