@@ -207,3 +207,34 @@ def test_each_kernel_talks_over_sockets_in_a_directory_of_its_own(book):
         assert transport == "ipc" and Path(ip).parent.name.startswith("earlyexit-kernel-")
         assert not Path(ip).parent.exists(), "the socket directory is removed after the run"
     assert seen[0].parent != seen[1].parent
+
+
+def test_time_left_shares_the_last_build_times_over_the_jobs():
+    left = jobs.time_left(["a", "b", "new"], {"c": 30.0, "d": 5.0}, {"a": 100, "b": 60, "c": 20, "d": 50}, 2)
+    assert left == ((100 + 60 + 0 + 45) / 2, 1)          # c has overrun its last time; new was never built
+    assert jobs.time_left([], {}, {}, 1) == (0.0, 0)
+
+
+@pytest.mark.parametrize("left, n_done, want", [
+    (None, 1, "[1/3] a: done in 12 s; 40 s so far"),
+    ((200.0, 0), 1, "[1/3] a: done in 12 s; 40 s so far, about 200 s left by the last build's times"),
+    ((200.0, 1), 1, "[1/3] a: done in 12 s; 40 s so far, about 200 s left by the last build's times "
+                    "(and 1 notebook never built before)"),
+    ((200.0, 2), 1, "[1/3] a: done in 12 s; 40 s so far, about 200 s left by the last build's times "
+                    "(and 2 notebooks never built before)"),
+    ((0.0, 2), 1, "[1/3] a: done in 12 s; 40 s so far; no estimate (2 notebooks never built before)"),
+    ((0.0, 0), 3, "[3/3] a: done in 12 s; 40 s so far")])
+def test_progress_line_every_branch(left, n_done, want):
+    assert jobs.progress_line(n_done, 3, "a", 12.4, 40.2, left) == want
+
+
+def test_jobs_print_the_estimate_from_the_last_build(book, capsys):
+    import sys
+
+    log = book / "spans.jsonl"
+    rc = jobs.run_jobs(["01", "02", "03"], set(), 1, lambda n: [sys.executable, "-c", JOB, n, "0.1", str(log)],
+                       last={"01": 1.0, "02": 50.0, "03": 70.0})
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "[1/3] 01: done in" in out and "about 120 s left by the last build's times" in out
+    assert "about 70 s left" in out and "[3/3] 03: done in" in out

@@ -39,13 +39,40 @@ def may_start(name: str, running, jobs: int, alone: set[str]) -> bool:
     return len(running) < jobs and name not in alone and not any(r in alone for r in running)
 
 
+def time_left(pending, running: dict, last: dict, jobs: int) -> tuple[float, int]:
+    """Seconds the build has left by the last build's times ``last`` ({name: seconds}): what the ``pending``
+    notebooks took then, plus what the ``running`` ones ({name: seconds so far}) have left of theirs, shared out
+    over ``jobs`` at once; and how many of them have no time of their own (never built before), left out."""
+    known = [last[n] for n in pending if last.get(n)]
+    known += [max(last[n] - s, 0.0) for n, s in running.items() if last.get(n)]
+    unknown = sum(1 for n in [*pending, *running] if not last.get(n))
+    return sum(known) / max(1, jobs), unknown
+
+
+def progress_line(n_done: int, total: int, name: str, took: float, so_far: float, left: tuple | None) -> str:
+    """``[3/11] 07_x: done in 120 s; 300 s so far, about 240 s left (by the last build's times)``; the estimate
+    says when some notebooks have no time from a last build, and is left out when there is nothing left."""
+    line = f"[{n_done}/{total}] {name}: done in {took:.0f} s; {so_far:.0f} s so far"
+    if left is None or n_done == total:
+        return line
+    s, unknown = left
+    if not s and unknown:
+        return line + f"; no estimate ({unknown} notebook{'s' if unknown > 1 else ''} never built before)"
+    line += f", about {s:.0f} s left by the last build's times"
+    if unknown:
+        line += f" (and {unknown} notebook{'s' if unknown > 1 else ''} never built before)"
+    return line
+
+
 def run_jobs(order: list[str], alone: set[str], jobs: int, command, env: dict | None = None,
-             label: str = "") -> int:
+             label: str = "", last: dict | None = None) -> int:
     """Run ``command(name)`` (an argv) for each name of ``order`` in a child process, up to ``jobs`` at once,
     starting them in that order as :func:`may_start` allows; each child's output goes to
-    book/generated/.logs/NAME.log. A failure lets the running ones finish, starts no other, and prints the
-    failed one's log tail. Returns 0, or 1 after a failure."""
+    book/generated/.logs/NAME.log. After each one, a line with the time so far and the time left by ``last``
+    ({name: seconds the last build took}). A failure lets the running ones finish, starts no other, and prints
+    the failed one's log tail. Returns 0, or 1 after a failure."""
     pending = list(order)
+    t_start = time.perf_counter()
     logs = paths.GENERATED / ".logs"
     logs.mkdir(parents=True, exist_ok=True)
     running: dict[str, tuple] = {}
@@ -70,7 +97,9 @@ def run_jobs(order: list[str], alone: set[str], jobs: int, command, env: dict | 
             del running[name]
             n_done += 1
             if proc.returncode == 0:
-                print(f"[{n_done}/{len(order)}] {name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+                now = time.perf_counter()
+                left = time_left(pending, {r: now - v[2] for r, v in running.items()}, last, jobs) if last else None
+                print(progress_line(n_done, len(order), name, now - t0, now - t_start, left), flush=True)
             else:
                 failed.append(name)
                 tail = (logs / f"{name}.log").read_text(errors="replace").strip().splitlines()[-15:]

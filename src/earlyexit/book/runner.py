@@ -42,7 +42,7 @@ from .profiles import (GENERATED_PREFIX, PROFILE_KEYS, Profile, UsageError,  # n
                        available_profiles, execution_order, load_profile, toc_notebooks, toc_path, toc_root)
 from .provenance import git_info, rerun_command, software
 from ..store.codekey import code_version, notebook_roots
-from .jobs import job_order, run_jobs, runs_alone
+from .jobs import job_order, progress_line, run_jobs, runs_alone, time_left
 from .rerun import RERUN_TAG, add_rerun_box, papermill_command, rerun_box  # noqa: F401
 
 
@@ -282,8 +282,9 @@ def _execute_jobs(todo: dict, profile: Profile, jobs: int, rerun: bool, root: st
         return [sys.executable, "-m", "earlyexit", "book", "--profile", profile.name, "--only", name,
                 "--no-build", "--jobs", "1"] + (["--rerun"] if rerun else [])
 
+    last = {n: recorded(n).get("duration_s") for n in todo}
     return run_jobs(job_order(list(todo), alone, root, profile.first), alone, jobs, command, env,
-                    f" with profile {profile.name}")
+                    f" with profile {profile.name}", last=last)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -368,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         if _execute_jobs({n: v[1] for n, v in todo.items()}, profile, jobs, args.rerun, toc_root()) != 0:
             return 1
         todo = {}
-    for name, (i, parameters, h, code) in todo.items():
+    last = {n: recorded(n).get("duration_s") for n in todo}
+    for k, (name, (i, parameters, h, code)) in enumerate(todo.items(), 1):
         head = f"[{i}/{len(selected)}] {name}"
         print(f"{head}: executing with profile {profile.name}", flush=True)
         meta = {"run_hash": h, "notebook": name, "profile": profile.name, "parameters": parameters,
@@ -381,7 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         except NotebookFailed as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        print(f"{head}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+        now = time.perf_counter()
+        rest = list(todo)[k:]
+        print(progress_line(k, len(todo), name, now - t0, now - t_all, time_left(rest, {}, last, 1) if rest else None),
+              flush=True)
     if args.no_build:
         if _figures_ok(selected):
             print(f"executed in {time.perf_counter() - t_all:.0f} s; HTML not built (--no-build)")
