@@ -68,3 +68,12 @@ def test_units_on_paths_times_each_path_once_in_one_entry(counts_dir):
         assert {"layer", "head", "step"} <= set(units.unit) and "path" not in units
     again = faster.units_on_paths(lm, P)                        # read back from the store, not timed again
     assert all(again[k].equals(got[k]) for k in got)
+
+
+@pytest.mark.parametrize("be, orc, word", [((0.8, 0.9), (1.2, 1.1), "harder"), ((0.8, math.nan), (1.2, 1.2), "harder"),
+                                           ((0.9, 0.8), (1.1, 1.2), "easier"), ((0.8, 0.9), (1.1, 1.2), "about where"),
+                                           ((0.8, 0.8), (1.2, 1.2), "about where")])
+def test_move_verdict_every_branch(be, orc, word):
+    tab = pd.DataFrame({"float32": [be[0], orc[0]], "int4": [be[1], orc[1]]},
+                       index=["break-even acceptance", "oracle exits [× full depth]"])
+    assert word in faster.move_verdict(tab)

@@ -86,4 +86,23 @@ def move_notes(tab: pd.DataFrame, ref: str = "float32", fast: str = "int4") -> d
                          f"{mv('step overhead [ms]', 1)} ms.",
             "fast_break_even": f"Self-speculation's break-even acceptance {mv('break-even acceptance')}",
             "fast_oracle": f"oracle exits' speed {mv('oracle exits [× full depth]')} times full depth",
-            "fast_exit": f"the mean exit the speed goal needs {mv('mean exit for the speed goal [layers]', 1)} layers"}
+            "fast_exit": f"the mean exit the speed goal needs {mv('mean exit for the speed goal [layers]', 1)} layers",
+            "fast_verdict": move_verdict(tab, ref, fast)}
+
+
+def move_verdict(tab: pd.DataFrame, ref: str = "float32", fast: str = "int4") -> str:
+    """What the faster path does to the case for early exit: harder when self-speculation needs more acceptance
+    and oracle exits gain less, easier when the opposite, mixed otherwise (NaN, out of reach, counts as the
+    hardest)."""
+    def worse(row, higher_is_worse):
+        a, b = (float(tab.loc[row, c]) for c in (ref, fast))
+        a, b = (x if math.isfinite(x) else (math.inf if higher_is_worse else -math.inf) for x in (a, b))
+        return 0 if round(a, 2) == round(b, 2) else (1 if (b > a) == higher_is_worse else -1)
+    score = worse("break-even acceptance", True) + worse("oracle exits [× full depth]", False)
+    share = "the head and the overhead weigh more beside cheaper layers"
+    if score > 0:
+        return f"A faster engine makes the case for early exit harder, not easier: {share}."
+    if score < 0:
+        return "A faster engine makes the case for early exit easier: the layers that an exit saves weigh more."
+    return ("A faster engine leaves the case for early exit about where it was: its two bounds move in opposite "
+            "directions or not at all.")
