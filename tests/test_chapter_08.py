@@ -239,6 +239,9 @@ def test_figures_draw():
     assert fig.axes[0].get_ylabel().startswith("R") and fig.axes[3].get_ylabel().startswith("T")
     lo, hi = fig.axes[0].get_xlim()
     assert lo < 1.0 and 1.5 < hi < 2.0               # one speed scale for every panel: every point and bound fits
+    import math
+    ticks = [t for t in fig.axes[0].get_xticks() if lo <= t <= hi]
+    assert min(math.log10(b / a) for a, b in zip(ticks, ticks[1:])) >= 0.12    # labels that do not collide
     legends = [ax.get_legend() for ax in fig.axes[:3]]
     assert all(legends) and [t.get_text() for t in legends[1].get_texts()] == list(compare.CLASSIFIER_CACHES)
     assert "cost-model bound" in [t.get_text() for t in legends[0].get_texts()]

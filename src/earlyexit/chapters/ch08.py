@@ -189,7 +189,8 @@ def pareto_figure(summ: pd.DataFrame, bounds: pd.DataFrame, keys, names: dict, t
 
     lo, hi = float(xs.min()) / pad, float(xs.max()) * pad
     axes[0, 0].set(ylim=(0, 1.05), xscale="log", xlim=(lo, hi))
-    ticks = [t for t in (0.1, 0.2, 0.25, 0.33, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0) if lo <= t <= hi]
+    # ticks at least about 0.12 decades apart, so that their labels never run into each other
+    ticks = [t for t in (0.05, 0.1, 0.2, 0.33, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 5.0) if lo <= t <= hi]
     for ax in axes.flat:
         ax.xaxis.set_major_locator(FixedLocator(ticks))
         ax.xaxis.set_minor_locator(NullLocator())
