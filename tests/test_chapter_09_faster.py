@@ -60,13 +60,14 @@ def test_units_on_paths_times_each_path_once_in_one_entry(counts_dir):
     from types import SimpleNamespace
 
     from earlyexit.engine import load_model
+    from earlyexit.experiments import weightpaths
     lm = load_model("tiny-llama")
     P = SimpleNamespace(unit_ctx=16, shortlist=64, unit_repeats=1)
-    got = faster.units_on_paths(lm, P)
+    got = weightpaths.units_on_paths(lm, P.unit_ctx, P.shortlist, P.unit_repeats)
     assert list(got) == ["float32", "int4"]
     for units in got.values():
         assert {"layer", "head", "step"} <= set(units.unit) and "path" not in units
-    again = faster.units_on_paths(lm, P)                        # read back from the store, not timed again
+    again = weightpaths.units_on_paths(lm, P.unit_ctx, P.shortlist, P.unit_repeats)                        # read back from the store, not timed again
     assert all(again[k].equals(got[k]) for k in got)
 
 

@@ -1,11 +1,13 @@
 """Chapter 9's last question: do its conclusions hold on a faster engine?
 
-The cost model's units are timed again on the engine's float32 weights and, right after, on its int4 weight path (:mod:`earlyexit.engine.lowbit`: the
-embedded GGUF's own Q4_1 blocks, the head at int8, bf16 products), which reads about a sixth of the float32 bytes.
+The cost model's units are timed on the engine's float32 weights and, right after, on its int4 weight path
+(:mod:`earlyexit.experiments.weightpaths`; the int4 path, :mod:`earlyexit.engine.lowbit`, holds the embedded GGUF's
+own Q4_1 blocks, the head at int8, with bf16 products), which reads about a sixth of the float32 bytes.
 The chapter's two summary numbers are then recomputed from those units: the acceptance at which self-speculation
 breaks even, and the speed oracle exits would reach (the same replayed exits, priced by the new units).
 
-    tab = faster.move_table(faster.units_on_paths(released, P), L, E, d, sig, P.speed_goal)
+    units = weightpaths.units_on_paths(released, P.unit_ctx, P.shortlist, P.unit_repeats)
+    tab = faster.move_table(units, L, E, d, sig, P.speed_goal)
     C.notes(faster.move_notes(tab))
 """
 from __future__ import annotations
@@ -14,30 +16,10 @@ import math
 
 import pandas as pd
 
-from .. import store
-from ..engine.lowbit import LowBitAdapter
-from ..experiments import budget, costmodel, frontier
+from ..experiments import budget, frontier
 
-PATHS = ("float32", "int4")
 ROWS = ("layer, one token [ms]", "head [ms]", "step overhead [ms]", "full-depth step [ms]", "head [layers]",
         "mean exit for the speed goal [layers]", "break-even acceptance", "oracle exits [× full depth]")
-
-
-def units_on_paths(lm, P, paths=PATHS) -> dict:
-    """The cost model's unit costs timed on each weight path of ``lm`` (``"float32"``: the packed float32
-    weights the book decodes with; ``"int8"``/``"int4"``: :class:`~earlyexit.engine.lowbit.LowBitAdapter`), one
-    after the other in one cached entry, so that the paths are compared within the same minute on the machine
-    and not against units timed in another build: {path: units}."""
-    params = {"ctx": P.unit_ctx, "shortlist": P.shortlist, "repeats": P.unit_repeats, "paths": list(paths),
-              **costmodel.machine_id()}
-
-    def compute():
-        return pd.concat([pd.DataFrame(costmodel.time_units(lm if w == "float32" else LowBitAdapter(lm, w),
-                                                            P.unit_ctx, P.shortlist, P.unit_repeats)).assign(path=w)
-                          for w in paths], ignore_index=True)
-
-    df = store.cached("cost_units_paths", params, compute, model=lm)
-    return {w: df[df.path == w].drop(columns="path").reset_index(drop=True) for w in paths}
 
 
 def _u(units: pd.DataFrame, unit: str, size: int = 1) -> float:
