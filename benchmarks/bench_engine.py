@@ -179,13 +179,16 @@ PATHS = {"fp32": ("fp32", "engine, float32, packed for oneDNN"),
          "llama-BF16": ("bf16", "llama.cpp, BF16"),
          "llama-Q8_0": ("int8", "llama.cpp, Q8_0"),
          "llama-Q4_1": ("int4", "llama.cpp, Q4_1 (the embedded file)")}
+# weight precision -> the llama.cpp path a path of that precision is paired with
+PEER = {prec: name for name, (prec, _) in PATHS.items() if name.startswith("llama-")}
 
 
 def contenders(a, names):
     """``name -> run(ids, n) -> (tokens, seconds)`` for every path in ``names``, with the bytes of weights each
-    reads a token (skipping llama.cpp, with a line that says so, where it is not installed)."""
+    reads a token (skipping llama.cpp, with a line that says so, where it is not installed), and the engine's
+    low-precision adapters (for their logits against float32)."""
     lm = load_model(a.model, dtype="float32")
-    runs, nbytes = {}, {}
+    runs, nbytes, low = {}, {}, {}
     full = DecodeConfig.full()
 
     def engine(A):
@@ -202,11 +205,12 @@ def contenders(a, names):
             runs[name], nbytes[name] = engine(Adapter(lm, pack=False)), bytes_per_token(lm.model)
         elif name == "bf16":
             lm16 = load_model(a.model, dtype="bfloat16")
-            runs[name], nbytes[name] = engine(Adapter(lm16).for_inference()), bytes_per_token(lm16.model)
+            low[name] = Adapter(lm16).for_inference()
+            runs[name], nbytes[name] = engine(low[name]), bytes_per_token(lm16.model)
         elif name in ("int8", "int4"):
-            A = LowBitAdapter(lm, name).for_inference()
-            small = sum(p.numel() * p.element_size() for n_, p in lm.model.named_parameters() if p.ndim == 1)
-            runs[name], nbytes[name] = engine(A), A.packed.weight_bytes() + small
+            low[name] = LowBitAdapter(lm, name).for_inference()
+            small = sum(p.numel() * p.element_size() for p in lm.model.parameters() if p.ndim == 1)
+            runs[name], nbytes[name] = engine(low[name]), low[name].packed.weight_bytes() + small
         elif name == "hf":
             def hf(ids, n):
                 x = torch.tensor([ids])
@@ -231,7 +235,7 @@ def contenders(a, names):
             runs[name], nbytes[name] = peer.greedy, llamacpp.gguf_bytes(path)
         else:
             raise ValueError(f"unknown path {name!r}: choose from {', '.join(PATHS)}")
-    return lm, runs, nbytes
+    return lm, runs, nbytes, low
 
 
 def main():
@@ -257,7 +261,7 @@ def main():
         return
     if "fp32" not in names:                            # the reference of agreement and of the breakdown
         names = ["fp32"] + names
-    lm, runs, nbytes = contenders(a, names)
+    lm, runs, nbytes, low = contenders(a, names)
     ps = encode(load_prompts("mix", a.prompts, seed=0, tokenizer=lm.tokenizer, max_prompt_tokens=96),
                 lm.tokenizer, 96)
     n = a.tokens
@@ -280,47 +284,42 @@ def main():
     print(f"model={a.model} threads={torch.get_num_threads()} prompts={len(ps)} tokens={n} reps={a.reps}; "
           f"memory bandwidth {bw / 1e9:.1f} GB/s (median of {len(bws)})")
     ref_tokens = toks["fp32"]
+    med = {k: statistics.median(v.values()) for k, v in t.items()}
+    step = {k: (med[k] - statistics.median(t1[k])) / (n - 1) for k in runs}    # a decoding step, prompt pass out
+
+    def paired(ref, k):
+        """``ref``'s time over ``k``'s, prompt by prompt and round by round: "ratio [lo, hi]"."""
+        pr = paired_ratio(pd.DataFrame([{"group": p, "round": r, "ratio": t[ref][p, r] / t[k][p, r]}
+                                        for (p, r) in t[k]]))
+        return f"{pr['ratio']:.2f}x [{pr['lo']:.2f}, {pr['hi']:.2f}]"
+
     print(f"{'path':<13} {'tok/s':>6} {'MB/token':>8} {'ceiling':>8} {'share':>6} {'vs llama.cpp (95% CI)':>24} "
           f"{'= fp32':>7}  what")
     for k in runs:
-        med = statistics.median(t[k].values())
-        step = (med - statistics.median(t1[k])) / (n - 1)
         ceiling = bw / nbytes[k]
-        peer = {"fp32": "llama-F32", "bf16": "llama-BF16", "int8": "llama-Q8_0", "int4": "llama-Q4_1"}.get(
-            PATHS[k][0])
-        vs = ""
-        if peer in runs and peer != k:
-            rows = [{"group": p, "round": r, "ratio": t[peer][p, r] / t[k][p, r]} for (p, r) in t[k]]
-            pr = paired_ratio(pd.DataFrame(rows))
-            vs = f"{pr['ratio']:.2f}x [{pr['lo']:.2f}, {pr['hi']:.2f}]"
+        peer = PEER[PATHS[k][0]]
+        vs = paired(peer, k) if peer in runs and peer != k else ""
         same = sum(toks[k][p] == ref_tokens[p] for p in ref_tokens)
-        print(f"{k:<13} {n / med:>6.1f} {nbytes[k] / 1e6:>8.0f} {ceiling:>8.1f} {1 / step / ceiling:>6.2f} "
+        print(f"{k:<13} {n / med[k]:>6.1f} {nbytes[k] / 1e6:>8.0f} {ceiling:>8.1f} {1 / step[k] / ceiling:>6.2f} "
               f"{vs:>24} {same:>3}/{len(ps):<3}  {PATHS[k][1]}")
     if "hf" in runs:
-        hf = pd.DataFrame([{"group": p, "round": r, "ratio": t["hf"][p, r] / t["fp32"][p, r]} for (p, r) in t["fp32"]])
-        pr = paired_ratio(hf)
-        print(f"engine float32 / HF generate: {pr['ratio']:.2f}x [{pr['lo']:.2f}, {pr['hi']:.2f}] (paired, 95% CI)")
+        print(f"engine float32 / HF generate: {paired('hf', 'fp32')} (paired, 95% CI)")
     print("tok/s: the median run, prompt pass included; ceiling: bandwidth / bytes a token reads (tok/s); share: "
           "the decoding steps' rate over that ceiling; vs llama.cpp: the paired ratio at the same weight precision; "
           "= fp32: prompts whose greedy tokens equal the engine's float32 tokens")
-    if "fp32" in names:
-        A = Adapter(lm).for_inference()
+    A = Adapter(lm).for_inference()                   # fp32 always runs: where its time goes
+    if A.packed is not None:                          # packed weights: a CPU with oneDNN
         prod_s = statistics.median(weight_products(A) for _ in range(3))
         math_s = statistics.median(layer_math(A) for _ in range(3))
-        step = (statistics.median(t["fp32"].values()) - statistics.median(t1["fp32"])) / (n - 1)
-        ceiling = bw / nbytes["fp32"]
-        print(f"fp32, where a token's {step * 1e3:.1f} ms go: the weight products alone {prod_s * 1e3:.1f} ms "
-              f"({1 / prod_s / ceiling:.2f} of the ceiling), the layers' small ops (norms, RoPE, attention, cache "
-              f"writes) {(math_s - prod_s) * 1e3:.1f} ms, the engine's bookkeeping {(step - math_s) * 1e3:.1f} ms")
-    low = [k for k in ("bf16", "int8", "int4") if k in runs]
+        s32 = step["fp32"]
+        print(f"fp32, where a token's {s32 * 1e3:.1f} ms go: the weight products alone {prod_s * 1e3:.1f} ms "
+              f"({1 / prod_s / (bw / nbytes['fp32']):.2f} of the ceiling), the layers' small ops (norms, RoPE, "
+              f"attention, cache writes) {(math_s - prod_s) * 1e3:.1f} ms, the engine's bookkeeping "
+              f"{(s32 - math_s) * 1e3:.1f} ms")
     if low:
         ids = ps[0]
         r32 = decode(lm, [ids], DecodeConfig.full(), 16, stop_at_eos=False, return_logits=True)
-        for k in low:
-            if k == "bf16":
-                other = Adapter(load_model(a.model, dtype="bfloat16")).for_inference()
-            else:
-                other = LowBitAdapter(lm, k).for_inference()
+        for k, other in low.items():
             rk = decode(other, [ids], DecodeConfig.full(), 16, stop_at_eos=False, return_logits=True,
                         force=r32.tokens)
             diff = (rk.logits.float() - r32.logits).abs()

@@ -272,9 +272,10 @@ def build_html(strict: bool = True) -> int:
     return subprocess.run(cmd, cwd=paths.REPO_ROOT).returncode
 
 
-def _execute_jobs(todo: dict, profile: Profile, jobs: int, rerun: bool, root: str | None) -> int:
+def _execute_jobs(todo: dict, profile: Profile, jobs: int, rerun: bool, root: str | None, last: dict) -> int:
     """The out-of-date notebooks ``todo`` ({name: its parameters}), up to ``jobs`` at once, each in a child
-    ``python -m earlyexit book --only NAME --no-build`` (no progress bars: they would interleave)."""
+    ``python -m earlyexit book --only NAME --no-build`` (no progress bars: they would interleave); ``last``:
+    {name: seconds the last build took}, for the estimate of the time left."""
     alone = {n for n, parameters in todo.items() if runs_alone(n, parameters, root)}
     env = {**os.environ, "EARLYEXIT_PROGRESS": "0", "EARLYEXIT_BOOK_JOBS": str(jobs)}
 
@@ -282,7 +283,6 @@ def _execute_jobs(todo: dict, profile: Profile, jobs: int, rerun: bool, root: st
         return [sys.executable, "-m", "earlyexit", "book", "--profile", profile.name, "--only", name,
                 "--no-build", "--jobs", "1"] + (["--rerun"] if rerun else [])
 
-    last = {n: recorded(n).get("duration_s") for n in todo}
     return run_jobs(job_order(list(todo), alone, root, profile.first), alone, jobs, command, env,
                     f" with profile {profile.name}", last=last)
 
@@ -364,12 +364,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"anyway", flush=True)
         else:
             todo[name] = (i, parameters, h, code)
+    last = {n: recorded(n).get("duration_s") for n in todo}      # the last build's times, for the estimate
     if jobs > 1 and len(todo) > 1:
         print(f"executing {len(todo)} notebooks, up to {jobs} at once", flush=True)
-        if _execute_jobs({n: v[1] for n, v in todo.items()}, profile, jobs, args.rerun, toc_root()) != 0:
+        if _execute_jobs({n: v[1] for n, v in todo.items()}, profile, jobs, args.rerun, toc_root(), last) != 0:
             return 1
         todo = {}
-    last = {n: recorded(n).get("duration_s") for n in todo}
     for k, (name, (i, parameters, h, code)) in enumerate(todo.items(), 1):
         head = f"[{i}/{len(selected)}] {name}"
         print(f"{head}: executing with profile {profile.name}", flush=True)

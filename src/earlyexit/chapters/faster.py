@@ -17,13 +17,10 @@ import math
 import pandas as pd
 
 from ..experiments import budget, frontier
+from .ch09 import exit_needed, unit_costs
 
 ROWS = ("layer, one token [ms]", "head [ms]", "step overhead [ms]", "full-depth step [ms]", "head [layers]",
         "mean exit for the speed goal [layers]", "break-even acceptance", "oracle exits [× full depth]")
-
-
-def _u(units: pd.DataFrame, unit: str, size: int = 1) -> float:
-    return float(units[(units.unit == unit) & (units["size"] == size)]["seconds"].iloc[0])
 
 
 def move_table(paths: dict, L: int, E: int, d: int, sig: pd.DataFrame, speed_goal: float) -> pd.DataFrame:
@@ -33,12 +30,13 @@ def move_table(paths: dict, L: int, E: int, d: int, sig: pd.DataFrame, speed_goa
     every draft accepted) and oracle exits' speed over the replayed continuations ``sig``."""
     cols = {}
     for name, units in paths.items():
-        c1, head, over = _u(units, "layer"), _u(units, "head"), _u(units, "step")
-        full = L * c1 + head + over
+        U = unit_costs(units)
+        c1, head, over = U[("layer", 1)], U[("head", 1)], U[("step", 1)]
         fr = frontier.frontier(sig, L, units)
         oracle = float(fr[fr.rule == "oracle"]["speed"].iloc[0])
-        cols[name] = [c1 * 1e3, head * 1e3, over * 1e3, full * 1e3, head / c1,
-                      (full / speed_goal - head - over) / c1, budget.needed_acceptance(L, E, d, units, 1.0), oracle]
+        cols[name] = [c1 * 1e3, head * 1e3, over * 1e3, (L * c1 + head + over) * 1e3, head / c1,
+                      exit_needed(U, L, speed_goal)["need_exit"], budget.needed_acceptance(L, E, d, units, 1.0),
+                      oracle]
     return pd.DataFrame(cols, index=pd.Index(list(ROWS), name="quantity"))
 
 

@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from .adapter import Adapter, Packed
+from .adapter import Adapter, Packed, _cat
 
 WEIGHTS = ("int8", "int4")
 GROUP = 32          # Q4_1's block: weights sharing one scale and minimum
@@ -85,30 +85,38 @@ def dequantize_int4(q, d, m) -> torch.Tensor:
     return (q.view(N, K // GROUP, GROUP).float() * d[..., None] + m[..., None]).view(N, K)
 
 
-class _Int8:
-    def __init__(self, W, b):
-        q, s = int8_rows(W.detach())
-        self.q, self.s = q, s.to(ACT)
+class _Product:
+    """``f(x) = x W^T + b`` through a low-precision kernel (:meth:`_mm` on the rows of ``x`` in :data:`ACT`),
+    returned in ``x``'s dtype."""
+
+    def __init__(self, b):
         self.b = None if b is None else b.detach()
 
     def __call__(self, x):
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(ACT), self.q, self.s)
+        y = self._mm(x.reshape(-1, x.shape[-1]).to(ACT).contiguous())
         y = y.view(*x.shape[:-1], -1).to(x.dtype)
         return y if self.b is None else y + self.b
 
 
-class _Int4:
+class _Int8(_Product):
     def __init__(self, W, b):
+        super().__init__(b)
+        q, s = int8_rows(W.detach())
+        self.q, self.s = q, s.to(ACT)
+
+    def _mm(self, x):
+        return torch.ops.aten._weight_int8pack_mm(x, self.q, self.s)
+
+
+class _Int4(_Product):
+    def __init__(self, W, b):
+        super().__init__(b)
         q, d, m = int4_blocks(W.detach())
         self.w = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         self.sz = torch.stack([d, m + 8 * d], -1).transpose(0, 1).contiguous().to(ACT)  # (in / GROUP, out, 2)
-        self.b = None if b is None else b.detach()
 
-    def __call__(self, x):
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]).to(ACT).contiguous(), self.w,
-                                                      GROUP, self.sz)
-        y = y.view(*x.shape[:-1], -1).to(x.dtype)
-        return y if self.b is None else y + self.b
+    def _mm(self, x):
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.w, GROUP, self.sz)
 
 
 class LowBitAdapter(Adapter):
@@ -155,9 +163,8 @@ class LowBit(Packed):
         for layer in A.layers:
             at, mlp = layer.self_attn, layer.mlp
             bias = [at.q_proj.bias, at.k_proj.bias, at.v_proj.bias]
-            cat = (lambda *ts: None if any(t is None for t in ts) else torch.cat(ts))
-            self.f_qkv.append(make(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), cat(*bias)))
-            self.f_kv.append(make(torch.cat([at.k_proj.weight, at.v_proj.weight]), cat(*bias[1:])))
+            self.f_qkv.append(make(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), _cat(*bias)))
+            self.f_kv.append(make(torch.cat([at.k_proj.weight, at.v_proj.weight]), _cat(*bias[1:])))
             for fs, m in ((self.f_o, at.o_proj), (self.f_gate, mlp.gate_proj), (self.f_up, mlp.up_proj),
                           (self.f_down, mlp.down_proj)):
                 fs.append(make(m.weight, m.bias))
@@ -168,8 +175,8 @@ class LowBit(Packed):
     def weight_bytes(self) -> int:
         """Bytes the products read a token: the packed weights and their scales (biases aside)."""
         fs = self.f_qkv + self.f_o + self.f_gate + self.f_up + self.f_down + [self.f_head]
-        return sum(sum(t.numel() * t.element_size() for t in vars(f).values() if isinstance(t, torch.Tensor))
-                   for f in fs)
+        return sum(sum(t.numel() * t.element_size() for k, t in vars(f).items() if isinstance(t, torch.Tensor)
+                       and k != "b") for f in fs)
 
     def qkv_proj(self, l, x, with_q=True):
         return self.f_qkv[l](x) if with_q else self.f_kv[l](x)
