@@ -37,3 +37,23 @@ def test_numbers_glued_with_their_interval_count_when_they_are_speeds(tmp_path):
                            "gone_speed": float("nan"), "gone_speed_lo": 1.0, "gone_speed_hi": 2.0})
     assert agreement.ratios(a) == {("07_x", "best_speedup"): (1.02, 0.95, 1.1),
                                    ("07_x", "skip_best_speed"): (0.9, 0.8, 1.0)}
+
+
+def test_clear_timed_keeps_the_untimed_entries(tmp_path):
+    for kind in ("timing", "cost_units_paths", "point", "drift"):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "e.json").write_text("{}")
+    assert agreement.clear_timed(root=tmp_path) == 2
+    assert sorted(p.parent.name for p in tmp_path.glob("*/*.json")) == ["drift", "point"]
+
+
+def test_every_timed_kind_is_one_the_package_stores():
+    """A renamed or new timed entry that the list misses would survive the clearing and make the second run
+    read the first run's clock."""
+    import re
+    from earlyexit import paths
+    src = "".join(p.read_text() for p in (paths.REPO_ROOT / "src" / "earlyexit").rglob("*.py"))
+    stored = set(re.findall(r'cached\(\s*"([a-z_]+)"', src))
+    assert set(agreement.TIMED) <= stored, set(agreement.TIMED) - stored
+    clocked = {k for k in stored if re.search(r"tim|units|spec|side_by_side", k)}
+    assert clocked <= set(agreement.TIMED), clocked - set(agreement.TIMED)

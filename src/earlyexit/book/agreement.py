@@ -3,9 +3,10 @@
 and says, key by key, whether the two measurements agree within their intervals and give the same verdict.
 
     python -m earlyexit.book.agreement book/generated-run1 book/generated      # a table and a summary line
+    python -m earlyexit.book.agreement --clear-timed                            # before a second timing run
 
-A second timing run costs far less than a second build: clear the timed entries (:data:`TIMED`, e.g. with
-``earlyexit.store.clear``), keep the rest of the result store, and run the book again.
+A second timing run costs far less than a second build: clear the timed entries (:data:`TIMED`,
+:func:`clear_timed`), keep the rest of the result store, and run the book again.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import pandas as pd
 from .consistency import glued
 
 # the result-store kinds that hold wall-clock measurements (cleared between two timing runs)
-TIMED = ("timing", "timing_replay", "spec_point", "side_by_side", "paired_timing", "cost_units", "shape_units",
-         "shape_spec")
+TIMED = ("timing", "timing_replay", "spec_point", "side_by_side", "paired_timing", "cost_units", "cost_units_paths",
+         "shape_units", "shape_spec")
 RATIO = re.compile(r"^'?(\d+(?:\.\d+)?)× \[(\d+(?:\.\d+)?), (\d+(?:\.\d+)?)\]'?$")
 
 
@@ -80,8 +81,17 @@ def summary(t: pd.DataFrame) -> str:
             f"the other's interval); {int((~t['same_verdict']).sum())} change verdict")
 
 
+def clear_timed(root=None) -> int:
+    """Delete every wall-clock entry of the result store (:data:`TIMED`), keep the rest; return how many files."""
+    from ..store import results
+    return sum(results.clear(kind, root=root) for kind in TIMED)
+
+
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--clear-timed"]:
+        print(f"removed {clear_timed()} timed result files ({', '.join(TIMED)})")
+        return 0
     if len(args) != 2 or args[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if args and args[0] in ("-h", "--help") else 2

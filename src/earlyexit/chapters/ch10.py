@@ -300,8 +300,8 @@ def bounds_table(mvp: pd.DataFrame) -> pd.DataFrame:
         "model shape": mvp["shape"], "drafts": mvp["construction"].map({"accepting": "all accepted",
                                                                         "rejecting": "rejected"}),
         "E of L": [f"{e} of {L}" for e, L in zip(mvp["E"], mvp["L"])],
-        "accepted share": mvp["acceptance"].map(lambda v: f"{v:.2f}"),
-        "measured speed-up [95%]": [f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in
+        "accepted": mvp["acceptance"].map(lambda v: f"{v:.2f}"),
+        "speed-up [95%]": [f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in
                                     zip(mvp["ratio"], mvp["lo"], mvp["hi"])],
         "predicted": mvp["predicted"].map(lambda v: f"{v:.2f}"),
         "error": mvp["error"].map(lambda v: f"{v:+.0%}"),
