@@ -31,7 +31,7 @@ def acceptance_figure(gs: pd.DataFrame, acc: pd.DataFrame, drafts):
     the acceptance measured at each (E, d) (``acc``: markers)."""
     mc = model_colors()
     dc = dict(zip(drafts, figures.palette(len(drafts) + 2)[2:]))
-    fig, ax = figures.subplots(aspect=0.75)
+    fig, ax = figures.subplots(aspect=0.6)
     for m in MODELS:
         g = gs[gs.model == m]
         ax.fill_between(g["layer"], g["lo"], g["hi"], color=mc[m], alpha=0.25, lw=0)
@@ -133,7 +133,7 @@ def budget_figure(acc_t, at, ext, need, exits, runs, shortlist: bool):
     the released model's, and the acceptance a round needs for 1.0× and :data:`SPEED_GOAL` (``need``)."""
     pal = figures.palette(10)  # blue, orange, green, then purple and brown: the vermilion reads too close to the orange
     rc = {k: pal[i] for k, i in zip(runs, (0, 1, 2, 4, 5, 6, 7))}
-    fig, axes = figures.subplots(1, len(exits), width=figures.FULL_WIDTH, aspect=1.15, squeeze=False, sharey=True)
+    fig, axes = figures.subplots(1, len(exits), width=figures.FULL_WIDTH, aspect=0.85, squeeze=False, sharey=True)
     t_max = float(acc_t["tokens"].max())
     for ax, E in zip(axes[0], exits):
         ax.axhline(float(acc_t[(acc_t.step == 0) & (acc_t.layer == E)]["agreement"].mean()), color="0.4", lw=0.8,
@@ -321,7 +321,7 @@ def strategies_figure(summ: pd.DataFrame, strategies, rule: str):
     """Consistency against layers per token of the ``rule`` rule (thresholds) and oracle exits under each cache
     strategy, (a) released, (b) trained."""
     sc = dict(zip(strategies, figures.palette(3)))
-    fig, axes = figures.subplots(1, 2, width=figures.FULL_WIDTH, aspect=0.75, sharey=True)
+    fig, axes = figures.subplots(1, 2, width=figures.FULL_WIDTH, aspect=0.6, sharey=True)
     for ax, m in zip(axes, MODELS):
         s = summ[(summ.model == m) & (summ.rule != "oracle")]
         plots.plot_tradeoff(ax, s, "layers", "rouge_full", colors=sc, labels={k: f"{rule}, {k}" for k in strategies})
