@@ -27,12 +27,15 @@ def test_meets_or_misses(x, goal, word):
     assert ch07.meets(x, goal) == word
 
 
-@pytest.mark.parametrize("speedup, verdict", [(0.8, "still leaves self-speculation slower than full depth"),
-                                              (1.0, "gives a speed-up, but a modest one"),
-                                              (1.49, "gives a speed-up, but a modest one"),
-                                              (1.5, "gives the speed-up the method promises")])
-def test_spec_verdict(speedup, verdict):
-    assert ch07.spec_verdict(speedup) == verdict
+@pytest.mark.parametrize("speedup, lo, hi, verdict", [
+    (0.8, 0.7, 0.9, "still leaves self-speculation slower than full depth"),
+    (0.95, 0.85, 1.05, "leaves self-speculation no measurably faster than full depth"),
+    (1.05, 0.98, 1.12, "leaves self-speculation no measurably faster than full depth"),
+    (1.1, 1.02, 1.2, "gives a speed-up, but a modest one"),
+    (1.49, 1.4, 1.6, "gives a speed-up, but a modest one"),
+    (1.5, 1.4, 1.6, "gives the speed-up the method promises")])
+def test_spec_verdict(speedup, lo, hi, verdict):
+    assert ch07.spec_verdict(speedup, lo, hi) == verdict
 
 
 @pytest.mark.parametrize("lo, hi, words", [(1.1, 1.4, "faster than full depth"),
@@ -105,6 +108,17 @@ def test_training_needed_beyond_the_data_is_an_extrapolation_to_one_significant_
                  "beyond the measured range, which holds only if the fitted trend does")
 
 
+def test_one_caveat_says_the_extrapolation_caveat_once_when_both_phrases_carry_it():
+    far = _needed([("layerskip", 15, 2, 0.75, 0.2, 1.234e9)])
+    farther = _needed([("layerskip", 20, 4, 0.9, 0.1, 3e11)])
+    a, b = ch07.one_caveat(far, farther)
+    assert "extrapolation" not in a and b.endswith(": both are extrapolations beyond the measured range, which hold "
+                                                  "only if the fitted trends do")
+    assert (a + b).count("extrapolation") == 1
+    near = _needed([("layerskip", 15, 2, 0.75, 0.70, 30_000.0)])
+    assert ch07.one_caveat(near, far) == (near, far) and ch07.one_caveat(far, near) == (far, near)
+
+
 def _row(speed, lo, hi, **kw):
     return pd.Series({"speedup": speed, "speedup_lo": lo, "speedup_hi": hi, **kw})
 
@@ -162,9 +176,10 @@ def test_economize_notes_ran_with_and_without_the_same_drafter_note_and_did_not_
     n = ch07.economize_notes(p2, lossless, pairs, "", _row(1.48, 0, 0), 2)
     assert n["eco_best"] == "early exit E = 4" and n["eco_ours_best"] == "layers left out (2 of 6), d = 1"
     assert (n["eco_lossless"], n["eco_n"], n["eco_ratio"]) == (3, 4, 1.2 / 0.5)
-    assert n["eco_same_note"] == (" Timed on its own in the previous section, the same drafter ran at 1.48×: two "
-                                  "timings of one configuration on 2 prompts differ by that much, which is why the "
-                                  "intervals matter.")
+    assert n["eco_same_note"] == (" Timed on its own in the previous section, the same drafter ran at 1.48×, outside "
+                                  "this timing's 95% interval (1.20 to 1.20): two timings of one configuration on 2 "
+                                  "prompts differ by more than their intervals allow, so read these intervals as too "
+                                  "narrow.")
     p2, lossless, pairs = _eco(ours_best_skip=False)
     assert ch07.economize_notes(p2, lossless, pairs, "", _row(1.48, 0, 0), 2)["eco_same_note"] == ""
     none = ch07.economize_notes(None, None, pairs, "ImportError: no economize", _row(1.48, 0, 0), 2)
@@ -172,7 +187,18 @@ def test_economize_notes_ran_with_and_without_the_same_drafter_note_and_did_not_
     assert none["eco_best"] == "none" and math.isnan(none["eco_ratio"]) and none["eco_same_note"] == ""
     assert none["eco_sentence"].startswith("economize did not run here (ImportError") and "nan" not in none["eco_sentence"]
     assert n["eco_sentence"].startswith("economize runs here unchanged") and "2.40 times economize's best." in \
-        n["eco_sentence"] and n["eco_sentence"].endswith("intervals matter.")
+        n["eco_sentence"] and n["eco_sentence"].endswith("too narrow.")
+
+
+def test_same_drafter_note_same_inside_and_outside_the_interval():
+    head = " Timed on its own in the previous section, the same drafter ran at"
+    assert ch07.same_drafter_note(_row(0.961, 0.83, 1.07), _row(0.958, 0.8, 1.1), 4) == f"{head} the same 0.96×."
+    assert ch07.same_drafter_note(_row(0.96, 0.83, 1.07), _row(0.91, 0.8, 1.0), 4) == (
+        f"{head} 0.91×, inside this timing's 95% interval, as two timings of one configuration should be.")
+    far = ch07.same_drafter_note(_row(0.96, 0.93, 0.99), _row(0.86, 0.8, 0.9), 4)
+    assert far.startswith(f"{head} 0.86×, outside this timing's 95% interval (0.93 to 0.99)")
+    # inside one interval but not the other: the two do not agree
+    assert "outside" in ch07.same_drafter_note(_row(0.96, 0.7, 1.2), _row(0.86, 0.85, 0.87), 4)
 
 
 def test_economize_table_shows_the_error_when_it_did_not_run():

@@ -61,8 +61,19 @@ def training_needed(rows: pd.DataFrame, t_max: float, tok_step: float, s_step: f
     days = r.tokens_needed / tok_step * s_step / 86400
     return (f"about {sig1(r.tokens_needed)} training tokens for {_run(r)}, {sig1(r.tokens_needed / t_max)} times "
             f"the {t_max:,.0f} chapter 6 trained on and some {sig1(days)} days of training at this machine's "
-            f"{s_step:.1f} s a step: an extrapolation beyond the measured range, which holds only if the fitted "
-            f"trend does")
+            f"{s_step:.1f} s a step{CAVEAT}")
+
+
+CAVEAT = ": an extrapolation beyond the measured range, which holds only if the fitted trend does"
+CAVEAT_BOTH = ": both are extrapolations beyond the measured range, which hold only if the fitted trends do"
+
+
+def one_caveat(first: str, second: str) -> tuple[str, str]:
+    """Two :func:`training_needed` phrases quoted in one sentence ("... would take ``first``, and ... would take
+    ``second``"): when both are extrapolations the caveat is said once, at the end."""
+    if first.endswith(CAVEAT) and second.endswith(CAVEAT):
+        return first[:-len(CAVEAT)], second[:-len(CAVEAT)] + CAVEAT_BOTH
+    return first, second
 
 
 def _run(r) -> str:

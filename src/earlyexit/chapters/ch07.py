@@ -10,8 +10,8 @@ from ..experiments import budget, compare, costmodel, points, trained
 from ..experiments.metrics import ci
 from .words import listing as _and, sig1  # noqa: F401 (sig1: chapter 7's API)
 from .budget_words import (SPEED_GOAL, TOO_FAR, _run, break_even_sentence,  # noqa: F401 (chapter 7's API)
-                           ceil_reason, need_phrase, need_sentence, training_needed)
-from .second_peer import economize_notes, economize_table  # noqa: F401 (chapter 7's API)
+                           ceil_reason, need_phrase, need_sentence, one_caveat, training_needed)
+from .second_peer import economize_notes, economize_table, same_drafter_note  # noqa: F401 (chapter 7's API)
 
 PEER_GOAL = 1.3                     # issue 5: speed-up over transformers' peer (SPEED_GOAL: over full depth)
 MODELS = ("released", "trained")
@@ -72,10 +72,13 @@ def meets(x: float, goal: float) -> str:
     return "meets" if x >= goal else "misses"
 
 
-def spec_verdict(speedup: float, goal: float = SPEED_GOAL) -> str:
-    """What the best point's speed-up says of self-speculation on this machine."""
-    if speedup < 1:
+def spec_verdict(speedup: float, lo: float, hi: float, goal: float = SPEED_GOAL) -> str:
+    """What the best point's speed-up (95% interval ``lo`` to ``hi``) says of self-speculation on this machine:
+    slower or faster only when the interval excludes 1.0."""
+    if hi < 1:
         return "still leaves self-speculation slower than full depth"
+    if lo <= 1:
+        return "leaves self-speculation no measurably faster than full depth"
     return "gives a speed-up, but a modest one" if speedup < goal else "gives the speed-up the method promises"
 
 
@@ -89,7 +92,8 @@ def speed_notes(best: pd.Series, grid: pd.DataFrame, sp: pd.DataFrame, eng_hf: p
            ("speedup_hi", "speedup_hi"), ("acc", "acceptance"), ("layers", "layers"), ("tpr", "tokens_per_round"))}
     out.update({"best_E": int(best["E"]), "best_d": int(best["d"]), "n_lossless": int(grid["lossless"].sum()),
                 "n_runs": int(len(grid)), "speed_goal_x": SPEED_GOAL, "peer_goal_x": PEER_GOAL,
-                "speed_goal_verb": meets(best["speedup"], SPEED_GOAL), "spec_verdict": spec_verdict(best["speedup"]),
+                "speed_goal_verb": meets(best["speedup"], SPEED_GOAL),
+                "spec_verdict": spec_verdict(best["speedup"], best["speedup_lo"], best["speedup_hi"]),
                 "full_tps": float(bg["full_tok_s"].mean()), "spec_tps": float(bg["spec_tok_s"].mean()),
                 "head_layers": head_layers})
     if eng_hf is None:
@@ -182,6 +186,7 @@ def budget_notes(acc_t, need, ext, units, L: int, exits, drafts, best: tuple, sh
                                              tgt if k == "goal" else None)
         out[f"x_{k}_str"] = training_needed(ext[(ext.shortlist == shortlist) & (ext.target == tgt)], t_max,
                                             tok_step, s_step, ceil)
+    out["x_be_str"], out["x_goal_str"] = one_caveat(out["x_be_str"], out["x_goal_str"])
     return out
 
 
@@ -244,6 +249,11 @@ def skip_table(ss: pd.DataFrame, sk: pd.DataFrame):
                                       for k in zip(ss["model"], ss["n_skip"], ss["d"])]}), "model")
 
 
+def against_full(speed: float, lo: float, hi: float) -> str:
+    """'0.96× full depth (95% interval 0.83 to 1.07: not measurably different from full depth)'."""
+    return f"{speed:.2f}× full depth (95% interval {lo:.2f} to {hi:.2f}: {versus_full(lo, hi)})"
+
+
 def versus_full(lo: float, hi: float) -> str:
     """A speed-up's 95% interval against full depth, in words."""
     return "faster than full depth" if lo > 1 else ("not measurably different from full depth" if hi >= 1
@@ -304,9 +314,8 @@ def claim_notes(candidates: list, need: pd.DataFrame, shortlist: bool, goal: flo
     speed-up, name, lo, hi) each), its measured speed against full depth and the target, and the acceptance the
     target would take with a draft from layer E (``need``)."""
     _, speed, name, lo, hi = max(candidates)
-    claim = (f"the drafter the cost model ranks fastest is “{name}”, measured at {speed:.2f}× full depth (95% "
-             f"interval {lo:.2f} to {hi:.2f}: {versus_full(lo, hi)})" + (f", short of the {goal:.1f}× target"
-                                                                        if speed < goal else ""))
+    claim = (f"the drafter the cost model ranks fastest is “{name}”, measured at {against_full(speed, lo, hi)}"
+             + (f", short of the {goal:.1f}× target" if speed < goal else ""))
     n = need[(need.shortlist == shortlist) & (need.target == goal)]
     if n["alpha"].isna().all():
         goal_s = f"no acceptance at all reaches {goal:.1f}× with a draft from layer E"

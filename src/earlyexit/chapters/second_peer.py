@@ -28,9 +28,7 @@ def economize_notes(p2, lossless2, pairs: dict, error: str, skip_top: pd.Series,
     eco, ours = p2.xs("economize", level="who"), p2.xs("ours", level="who")
     eb, ob = eco["speedup"].idxmax(), ours["speedup"].idxmax()
     el = lossless2.xs("economize", level="who")
-    same = (f" Timed on its own in the previous section, the same drafter ran at {float(skip_top['speedup']):.2f}×: "
-            f"two timings of one configuration on {n_prompts} prompts differ by that much, which is why the "
-            f"intervals matter.") if ob == list(pairs)[-1] else ""
+    same = same_drafter_note(ours.loc[ob], skip_top, n_prompts) if ob == list(pairs)[-1] else ""
     return {"eco_runs": "runs here unchanged, on the same weights, prompts and thread count", "eco_best": eb,
             "eco_best_speed": float(eco.loc[eb, "speedup"]), "eco_lossless": int(el["sum"].sum()),
             "eco_n": int(el["size"].sum()), "eco_ours_best": ob, "eco_ours_best_speed": float(ours.loc[ob, "speedup"]),
@@ -41,3 +39,18 @@ def economize_notes(p2, lossless2, pairs: dict, error: str, skip_top: pd.Series,
                              f"token for token); ours, at best “{ob}”, reaches {float(ours.loc[ob, 'speedup']):.2f}×, "
                              f"{float(ours.loc[ob, 'speedup'] / eco.loc[eb, 'speedup']):.2f} times economize's best."
                              f"{same}")}
+
+
+def same_drafter_note(now: pd.Series, before: pd.Series, n_prompts: int) -> str:
+    """One sentence on two timings of one configuration (rows with speedup, speedup_lo, speedup_hi): ``now``
+    here, ``before`` in the previous section. The same at two decimals, each inside the other's interval, or
+    apart by more than the intervals allow."""
+    x, y = float(now["speedup"]), float(before["speedup"])
+    head = " Timed on its own in the previous section, the same drafter ran at"
+    if f"{x:.2f}" == f"{y:.2f}":
+        return f"{head} the same {y:.2f}×."
+    if now["speedup_lo"] <= y <= now["speedup_hi"] and before["speedup_lo"] <= x <= before["speedup_hi"]:
+        return f"{head} {y:.2f}×, inside this timing's 95% interval, as two timings of one configuration should be."
+    return (f"{head} {y:.2f}×, outside this timing's 95% interval ({float(now['speedup_lo']):.2f} to "
+            f"{float(now['speedup_hi']):.2f}): two timings of one configuration on {n_prompts} prompts differ by more "
+            f"than their intervals allow, so read these intervals as too narrow.")
