@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .words import listing as _listing
+
 # a predicted speed-up this close to 1 is within what the cost model can tell apart from full depth
 PREDICTION_ERROR = 0.05
 
@@ -17,26 +19,39 @@ def _what(method: str, label: str) -> str:
 
 
 def bottom_line(best: pd.DataFrame, names: dict, target: float, exact=("self-speculation",)) -> str:
-    """One sentence per model of ``best`` (:func:`earlyexit.experiments.compare.best_at` rows with ``model``,
-    ``method``, ``label``, ``speed``, ``meets``; display ``names``): how many methods keep the ``target``
+    """The bottom line of ``best`` (:func:`earlyexit.experiments.compare.best_at` rows with ``model``,
+    ``method``, ``label``, ``speed``, ``meets``; display ``names``): per model, how many methods keep the ``target``
     consistency at a point that exits, and the fastest of them by the cost model's speed, said to be faster or
-    slower than full depth only beyond :data:`PREDICTION_ERROR`."""
-    out = []
+    slower than full depth only beyond :data:`PREDICTION_ERROR`. Models whose answer reads the same (the same
+    count, method, point and verdict) share one sentence, their predicted speeds listed in turn."""
+    facts = []                                              # (model name, what is said, predicted speed or None)
     for key in [k for k in names if k in set(best["model"])]:
         b = best[(best.model == key) & best["meets"]]
-        name = names[key]
         if b.empty:
-            out.append(f"On {name} no method keeps a consistency of {target:.2f} with the full model.")
+            facts.append((names[key], None, None))
             continue
         top = b.loc[b["speed"].idxmax()]
-        n = len(b)
-        some = "one method keeps" if n == 1 else f"{n} methods keep"
-        s = float(top["speed"])
+        n, s = len(b), float(top["speed"])
         how = ("faster than full depth" if s > 1 + PREDICTION_ERROR else
                "slower than full depth" if s < 1 - PREDICTION_ERROR else "no faster than full depth")
-        fastest = "it" if n == 1 else "the fastest of them"
         kind = " (exact by construction)" if top["method"] in exact else ""
-        what = _what(str(top["method"]), str(top["label"]))
-        out.append(f"On {name} {some} a consistency of {target:.2f}; {fastest} is {what}{kind}, predicted at "
-                   f"{s:.2f}× full depth: {how}.")
+        facts.append((names[key], (n, _what(str(top["method"]), str(top["label"])) + kind, how), s))
+    groups = []                                             # consecutive models that read the same
+    for name, said, speed in facts:
+        if groups and groups[-1][1] == said:
+            groups[-1][0].append(name)
+            groups[-1][2].append(speed)
+        else:
+            groups.append(([name], said, [speed]))
+    out = []
+    for models, said, speeds in groups:
+        on = f"On {models[0]}" if len(models) == 1 else f"On {_listing(models)} alike,"
+        if said is None:
+            out.append(f"{on} no method keeps a consistency of at least {target:.2f} with the full model.")
+            continue
+        n, what, how = said
+        some = "one method keeps" if n == 1 else f"{n} methods keep"
+        fastest = "it" if n == 1 else "the fastest of them"
+        at = _listing(f"{x:.2f}×" for x in speeds) + (" full depth respectively" if len(speeds) > 1 else " full depth")
+        out.append(f"{on} {some} a consistency of at least {target:.2f}; {fastest} is {what}, predicted at {at}: {how}.")
     return " ".join(out)
