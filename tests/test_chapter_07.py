@@ -197,8 +197,10 @@ def test_same_drafter_note_same_inside_and_outside_the_interval():
         f"{head} 0.91×, inside this timing's 95% interval, as two timings of one configuration should be.")
     far = ch07.same_drafter_note(_row(0.96, 0.93, 0.99), _row(0.86, 0.8, 0.9), 4)
     assert far.startswith(f"{head} 0.86×, outside this timing's 95% interval (0.93 to 0.99)")
-    # inside one interval but not the other: the two do not agree
-    assert "outside" in ch07.same_drafter_note(_row(0.96, 0.7, 1.2), _row(0.86, 0.85, 0.87), 4)
+    # inside one interval but not the other: the two do not agree, and the sentence says whose interval leaves out
+    one_way = ch07.same_drafter_note(_row(0.96, 0.7, 1.2), _row(0.86, 0.85, 0.87), 4)
+    assert "outside" in one_way
+    assert one_way.startswith(f"{head} 0.86×, with a 95% interval (0.85 to 0.87) that has this timing's 0.96× outside it")
 
 
 def test_economize_table_shows_the_error_when_it_did_not_run():

@@ -57,6 +57,12 @@ def ratios(folder: Path) -> dict:
     return out
 
 
+def agree(a: tuple, b: tuple) -> bool:
+    """Two timings (ratio, lo, hi) of one configuration agree: each ratio lies in the other's 95% interval."""
+    (x, xl, xh), (y, yl, yh) = a, b
+    return xl <= y <= xh and yl <= x <= yh
+
+
 def _verdict(lo: float, hi: float) -> str:
     return "faster" if lo > 1 else "slower" if hi < 1 else "no different"
 
@@ -69,7 +75,7 @@ def compare(a: Path, b: Path) -> pd.DataFrame:
     for key in sorted(set(ra) & set(rb)):
         (x, xl, xh), (y, yl, yh) = ra[key], rb[key]
         rows.append({"page": key[0], "key": key[1], "a": x, "a_lo": xl, "a_hi": xh, "b": y, "b_lo": yl, "b_hi": yh,
-                     "agree": xl <= y <= xh and yl <= x <= yh,
+                     "agree": agree(ra[key], rb[key]),
                      "same_verdict": _verdict(xl, xh) == _verdict(yl, yh)})
     return pd.DataFrame(rows, columns=["page", "key", "a", "a_lo", "a_hi", "b", "b_lo", "b_hi", "agree",
                                        "same_verdict"])

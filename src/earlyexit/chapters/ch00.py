@@ -1,6 +1,8 @@
 """The front page's bottom line: what the summary table says, in sentences built from it (tested)."""
 from __future__ import annotations
 
+from itertools import groupby
+
 import pandas as pd
 
 from .words import listing as _listing
@@ -36,15 +38,9 @@ def bottom_line(best: pd.DataFrame, names: dict, target: float, exact=("self-spe
                "slower than full depth" if s < 1 - PREDICTION_ERROR else "no faster than full depth")
         kind = " (exact by construction)" if top["method"] in exact else ""
         facts.append((names[key], (n, _what(str(top["method"]), str(top["label"])) + kind, how), s))
-    groups = []                                             # consecutive models that read the same
-    for name, said, speed in facts:
-        if groups and groups[-1][1] == said:
-            groups[-1][0].append(name)
-            groups[-1][2].append(speed)
-        else:
-            groups.append(([name], said, [speed]))
     out = []
-    for models, said, speeds in groups:
+    for said, group in groupby(facts, key=lambda f: f[1]):  # consecutive models that read the same
+        models, _, speeds = zip(*group)
         on = f"On {models[0]}" if len(models) == 1 else f"On {_listing(models)} alike,"
         if said is None:
             out.append(f"{on} no method keeps a consistency of at least {target:.2f} with the full model.")

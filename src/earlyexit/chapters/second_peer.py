@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..book.agreement import agree
 from ..experiments.metrics import ci
 
 
@@ -43,14 +44,17 @@ def economize_notes(p2, lossless2, pairs: dict, error: str, skip_top: pd.Series,
 
 def same_drafter_note(now: pd.Series, before: pd.Series, n_prompts: int) -> str:
     """One sentence on two timings of one configuration (rows with speedup, speedup_lo, speedup_hi): ``now``
-    here, ``before`` in the previous section. The same at two decimals, each inside the other's interval, or
-    apart by more than the intervals allow."""
-    x, y = float(now["speedup"]), float(before["speedup"])
+    here, ``before`` in the previous section. The same at two decimals, in agreement (:func:`agree`), or apart by
+    more than the intervals allow (saying whose interval leaves out the other's ratio)."""
+    cols = ("speedup", "speedup_lo", "speedup_hi")
+    x, lo, hi = (float(now[k]) for k in cols)
+    y, blo, bhi = (float(before[k]) for k in cols)
     head = " Timed on its own in the previous section, the same drafter ran at"
     if f"{x:.2f}" == f"{y:.2f}":
         return f"{head} the same {y:.2f}×."
-    if now["speedup_lo"] <= y <= now["speedup_hi"] and before["speedup_lo"] <= x <= before["speedup_hi"]:
+    if agree((x, lo, hi), (y, blo, bhi)):
         return f"{head} {y:.2f}×, inside this timing's 95% interval, as two timings of one configuration should be."
-    return (f"{head} {y:.2f}×, outside this timing's 95% interval ({float(now['speedup_lo']):.2f} to "
-            f"{float(now['speedup_hi']):.2f}): two timings of one configuration on {n_prompts} prompts differ by more "
-            f"than their intervals allow, so read these intervals as too narrow.")
+    where = (f"outside this timing's 95% interval ({lo:.2f} to {hi:.2f})" if not lo <= y <= hi else
+             f"with a 95% interval ({blo:.2f} to {bhi:.2f}) that has this timing's {x:.2f}× outside it")
+    return (f"{head} {y:.2f}×, {where}: two timings of one configuration on {n_prompts} prompts differ by more than "
+            f"their intervals allow, so read these intervals as too narrow.")
