@@ -267,6 +267,8 @@ def test_candidates_rank_drafters_by_the_cost_model_from_the_calls_each_run_made
     assert "“E = 2”, measured at 0.90×" in ch07.claim_notes(c, pd.DataFrame({"shortlist": [True], "target": [1.5],
                                                                                "alpha": [NAN], "E": [2], "d": [1]}),
                                                             True)["claim_speed"]
+    # the prediction a chapter ranks a family by is the one the headline ranks every drafter by
+    assert ch07.predicted(units_by_hand(), runs, summ, ["E", "d"]) == [x[0] for x in c]
 
 
 def test_break_even_reached_or_out_of_reach():

@@ -43,9 +43,10 @@ def test_lossless_phrase():
 
 
 def test_fastest_sentence():
-    s = ch08.fastest_sentence({"released": ("drafter (E=6 d=1)", 1.4764, 0.41, 2.543),
-                               "distill": (ch08.NOT_TRAINED, NAN, NAN, NAN)})
-    assert s == ("on the released model, drafter (E=6 d=1) at 1.48× full depth ([0.41, 2.54]); "
+    s = ch08.fastest_sentence({"released": ("drafter (E=6 d=1)", 0.9712, 1.4764, 0.41, 2.543),
+                               "distill": (ch08.NOT_TRAINED, NAN, NAN, NAN, NAN)})
+    assert s == ("on the released model, drafter (E=6 d=1), predicted at 0.97× full depth and measured in chapter 7 "
+                 "at 1.48× ([0.41, 2.54]); "
                  "on the self-distilled model of chapter 6, none (the model is not trained under this profile)")
     assert "nan" not in s
 
@@ -162,19 +163,27 @@ def _summ(model, method, label, speed, consistency=1.0):
             "speed_hi": speed + 0.1, "consistency": consistency}
 
 
-def test_drafter_notes():
+def test_drafter_notes_quote_chapter_7s_measurement_of_the_drafter_the_cost_model_ranks_fastest():
+    from earlyexit.experiments import metrics
+
     summ = pd.DataFrame([_summ("released", "self-speculation", "E=4 d=2", 0.6),
                          _summ("released", "naive-mask", "softmax 0.9", 3.0, 0.5)])
     dsumm = pd.DataFrame([_summ("released", "layer-skip drafter", "skip 2", 1.5),
                           _summ("trained", "self-speculation, shortlist", "K=8", 0.9)])
-    dpts = pd.DataFrame({"exact_match": [1.0, 1.0, 0.0]})
-    n = ch08.drafter_notes(summ, dsumm, dpts, {"released": None, "trained": None})
-    assert n["draft_best_released"] == "layer-skip drafter (skip 2)" and n["draft_best_speed_released"] == 1.5
-    assert n["draft_best_trained"] == "self-speculation, shortlist (K=8)"
+    dpts = pd.DataFrame({"exact_match": [1.0, 1.0, 0.0], "model": ["released", "released", "trained"],
+                         "method": ["layer-skip drafter", "layer-skip drafter", "self-speculation, shortlist"],
+                         "label": ["skip 2", "skip 2", "K=8"], "measured": [0.8, 1.0, 0.7]})
+    n = ch08.drafter_notes(summ, dsumm, dpts, {"released": None, "trained": None}, seed=3, n_boot=500)
+    assert n["draft_best_released"] == "layer-skip drafter (skip 2)" and n["draft_best_pred_released"] == 1.5
+    # the measured speed-up and its interval are chapter 7's: the same bootstrap of the same runs
+    m, lo, hi = metrics.bootstrap_ci([0.8, 1.0], 500, seed=3)
+    assert (n["draft_best_speed_released"], n["draft_best_speed_lo_released"], n["draft_best_speed_hi_released"]) == (m, lo, hi)
+    assert n["draft_best_trained"] == "self-speculation, shortlist (K=8)" and n["draft_best_speed_trained"] == 0.7
     assert n["draft_best_distill"] == ch08.NOT_TRAINED and math.isnan(n["draft_best_speed_hi_distill"])
     assert (n["draft_lossless"], n["draft_runs"], n["has_distill"]) == (2, 3, False)
     assert n["draft_lossless_str"].endswith("in 2 of 3 prompt runs, not in every one")
-    assert n["draft_best_str"].startswith("on the released model, layer-skip drafter (skip 2) at 1.50× full depth")
+    assert n["draft_best_str"].startswith("on the released model, layer-skip drafter (skip 2), predicted at 1.50× "
+                                          "full depth and measured in chapter 7 at 0.90×")
     assert n["draft_best_str"].endswith("none (the model is not trained under this profile)")
 
 

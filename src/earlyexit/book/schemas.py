@@ -130,6 +130,7 @@ SKIPDECODE = register(
         batch_sizes=Param(list, [1, 4, 8], "batch sizes of the throughput comparison", item=int,
                           range=(1, 4096)),
         batch_e_min=Param(int, 20, "SkipDecode's e_min in the throughput comparison", range=(1, 1024)),
+        timing_prompts=Param(int, 6, "prompts timed one by one at batch 1", range=(1, 10_000)),
         timing_repeats=Param(int, 2, "timing rounds: the method and full depth in turn on each prompt, the order "
                             "alternating", range=(1, 100)),
     ),

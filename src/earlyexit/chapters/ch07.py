@@ -267,11 +267,11 @@ def skip_notes(searches: dict, sets: dict, ss: pd.DataFrame, sk: pd.DataFrame, s
     n_lo, n_hi = skip_n[0], skip_n[-1]
     kept = searches["released"].set_index("n_skip")["agreement"]
     order = [set(x.split()) for x in searches["released"].sort_values("n_skip")["skip"]]
-    top = ss.loc[ss["speedup"].idxmax()]
+    top = ss.loc[ss["predicted"].idxmax()]
     out = {f"skip_best_{k}": float(top[v]) for k, v in (("speed", "speedup"), ("lo", "speedup_lo"),
                                                          ("hi", "speedup_hi"), ("acc", "acceptance"), ("need", "need"))}
     for name in MODELS:
-        r = ss[ss.model == name].loc[lambda x: x["speedup"].idxmax()]
+        r = ss[ss.model == name].loc[lambda x: x["predicted"].idxmax()]
         out.update({f"skip_{name}_best_speed": float(r["speedup"]),
                     f"skip_{name}_best_label": f"{int(r['n_skip'])} layers out, d = {int(r['d'])}"})
 
@@ -294,19 +294,25 @@ def skip_notes(searches: dict, sets: dict, ss: pd.DataFrame, sk: pd.DataFrame, s
             "skip_need_str": need_phrase(float(top["need"]))}
 
 
+def predicted(units: pd.DataFrame, runs: pd.DataFrame, summ: pd.DataFrame, keys) -> list[float]:
+    """The cost model's (``units``) speed-up of each configuration of ``summ``, from the calls its runs made
+    (``runs``: one row per prompt of :func:`~earlyexit.experiments.timing.spec_point`, ``keys`` the columns that
+    identify a configuration in both), averaged over prompts. Greedy decoding fixes the calls, so the prediction,
+    and the drafter it ranks fastest, is the same in every build where the measured ratios of close drafters
+    trade places."""
+    out = []
+    for _, r in summ.iterrows():
+        g = runs[np.logical_and.reduce([runs[k] == r[k] for k in keys])]
+        out.append(float(np.mean([compare.predicted_speed(s, f, units) for s, f in zip(g["spec_calls"], g["full_calls"])])))
+    return out
+
+
 def candidates(units: pd.DataFrame, *families) -> list:
     """(predicted, measured, name, lo, hi) speed-up of every drafter configuration. ``families``: (runs, summary,
-    keys, name) each, with ``runs`` one row per prompt of :func:`~earlyexit.experiments.timing.spec_point`, ``keys``
-    the columns that identify a configuration in both and ``name(row)`` its name. The prediction is the cost
-    model's (``units``) from the calls each run made, which greedy decoding fixes: it ranks the drafters the same
-    way in every build, where the measured ratios of close drafters trade places."""
-    out = []
-    for runs, summ, keys, name in families:
-        for _, r in summ.iterrows():
-            g = runs[np.logical_and.reduce([runs[k] == r[k] for k in keys])]
-            pred = float(np.mean([compare.predicted_speed(s, f, units) for s, f in zip(g["spec_calls"], g["full_calls"])]))
-            out.append((pred, float(r["speedup"]), name(r), float(r["speedup_lo"]), float(r["speedup_hi"])))
-    return out
+    keys, name) each, as :func:`predicted` takes them, with ``name(row)`` a configuration's name."""
+    return [(pred, float(r["speedup"]), name(r), float(r["speedup_lo"]), float(r["speedup_hi"]))
+            for runs, summ, keys, name in families
+            for pred, (_, r) in zip(predicted(units, runs, summ, keys), summ.iterrows())]
 
 
 def claim_notes(candidates: list, need: pd.DataFrame, shortlist: bool, goal: float = SPEED_GOAL) -> dict:

@@ -14,7 +14,7 @@ import pandas as pd
 from ..book import figures, handoff, plots
 from ..book.profiles import load_profile
 from ..engine import DecodeConfig
-from ..experiments import compare, costs, points, timing, trained
+from ..experiments import compare, costs, metrics, points, timing, trained
 from .batches import batch_claim, batch_notes, batch_speeds, batch_table  # noqa: F401 (chapter 8's API)
 
 # how the prose names the models chapter 7's drafters run on
@@ -89,11 +89,13 @@ def lossless_phrase(n_lossless: int, n_runs: int) -> str:
 
 
 def fastest_sentence(shown: dict) -> str:
-    """The fastest lossless configuration of each model of ``shown`` ({model: (what, speed, lo, hi)}; a NaN speed
-    for a model not trained under the profile), as a list of clauses."""
-    return "; ".join(f"{WHERE[k]}, none (the model is {NOT_TRAINED})" if math.isnan(v) else
-                     f"{WHERE[k]}, {what} at {v:.2f}× full depth ([{lo:.2f}, {hi:.2f}])"
-                     for k, (what, v, lo, hi) in shown.items())
+    """The fastest lossless configuration of each model of ``shown`` ({model: (what, predicted, measured, lo, hi)}:
+    the cost model's speed-up and chapter 7's measurement with its interval; a NaN prediction for a model not
+    trained under this profile), as a list of clauses."""
+    return "; ".join(f"{WHERE[k]}, none (the model is {NOT_TRAINED})" if math.isnan(p) else
+                     f"{WHERE[k]}, {what}, predicted at {p:.2f}× full depth and measured in chapter 7 at "
+                     f"{v:.2f}× ([{lo:.2f}, {hi:.2f}])"
+                     for k, (what, p, v, lo, hi) in shown.items())
 
 
 def ltt_held(risk: float | None, epsilon: float) -> str:
@@ -205,19 +207,25 @@ def pareto_figure(summ: pd.DataFrame, bounds: pd.DataFrame, keys, names: dict, t
     return fig
 
 
-def drafter_notes(summ: pd.DataFrame, dsumm: pd.DataFrame, dpts: pd.DataFrame, drafted) -> dict:
+def drafter_notes(summ: pd.DataFrame, dsumm: pd.DataFrame, dpts: pd.DataFrame, drafted, runs: pd.DataFrame | None = None,
+                  seed: int = 0, n_boot: int = 2000) -> dict:
     """Chapter 7's drafters next to self-speculation (``summ``: chapter 8's summary, ``dsumm``/``dpts``: the
-    drafters' summary and points on the models ``drafted``): the fastest lossless configuration of each model,
-    and how many prompt runs kept the full model's output."""
+    drafters' summary and points on the models ``drafted``): the configuration of each model that the cost model
+    ranks fastest among the lossless ones (the same in every build), with its measured speed-up as chapter 7 gives
+    it (the mean over prompts of ``runs``' ``measured`` column with the same bootstrap, ``seed`` and ``n_boot``;
+    ``runs``: every self-speculative row, ``dpts`` where None), and how many prompt runs kept the full model's output."""
+    runs = dpts if runs is None else runs
     fastest = compare.fastest_lossless(pd.concat([summ[summ.method == "self-speculation"], dsumm], ignore_index=True))
-    shown = {k: (NOT_TRAINED, float("nan"), float("nan"), float("nan")) for k in WHERE}
+    shown = {k: (NOT_TRAINED,) + (float("nan"),) * 4 for k in WHERE}
     for k, r in fastest[fastest.index.isin(list(drafted))].iterrows():
-        shown[k] = (f"{r['method']} ({r['label']})", float(r["speed"]), float(r["speed_lo"]), float(r["speed_hi"]))
+        g = runs[(runs.model == k) & (runs.method == r["method"]) & (runs.label == r["label"])]
+        shown[k] = (f"{r['method']} ({r['label']})", float(r["speed"]),
+                    *metrics.bootstrap_ci(g["measured"].to_numpy(), n_boot, seed=seed))
     out = {f"draft_best{part}_{k}": x for k, row in shown.items()
-           for part, x in zip(("", "_speed", "_speed_lo", "_speed_hi"), row)}
-    n, runs = int(dpts["exact_match"].sum()), int(len(dpts))
-    return out | {"draft_lossless": n, "draft_runs": runs, "has_distill": "distill" in drafted,
-                  "draft_lossless_str": lossless_phrase(n, runs), "draft_best_str": fastest_sentence(shown)}
+           for part, x in zip(("", "_pred", "_speed", "_speed_lo", "_speed_hi"), row)}
+    n, nruns = int(dpts["exact_match"].sum()), int(len(dpts))
+    return out | {"draft_lossless": n, "draft_runs": nruns, "has_distill": "distill" in drafted,
+                  "draft_lossless_str": lossless_phrase(n, nruns), "draft_best_str": fastest_sentence(shown)}
 
 
 def table_notes(best: pd.DataFrame, keys) -> dict:

@@ -105,7 +105,8 @@ def _spec_rows(sp: pd.DataFrame, method: str, cfg: DecodeConfig, units: pd.DataF
     return pd.DataFrame({
         "prompt": sp["prompt"], "method": method, "rule": "self-speculation", "strategy": "self-speculation",
         "label": [cfg.label] * len(sp), "layers": sp["layers"], "consistency": np.where(sp["lossless"], 1.0, np.nan),
-        "exact_match": sp["lossless"].astype(float), "speed": speed, "acceptance": sp["acceptance"]})
+        "exact_match": sp["lossless"].astype(float), "speed": speed, "acceptance": sp["acceptance"],
+        "measured": sp["speedup"]})
 
 
 def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers: int, units: pd.DataFrame,
