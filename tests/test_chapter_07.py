@@ -261,7 +261,8 @@ def test_candidates_rank_drafters_by_the_cost_model_from_the_calls_each_run_made
                          "full_calls": [full] * 4})
     summ = pd.DataFrame({"E": [2, 4], "d": [1, 1], "speedup": [0.9, 1.1], "speedup_lo": [0.8, 1.0],
                          "speedup_hi": [1.0, 1.2]})
-    c = ch07.candidates(units_by_hand(), (runs, summ, ["E", "d"], lambda r: f"E = {int(r.E)}"))
+    c = ch07.candidates((summ.assign(predicted=ch07.predicted(units_by_hand(), runs, summ, ["E", "d"])),
+                         lambda r: f"E = {int(r.E)}"))
     assert [x[2] for x in c] == ["E = 2", "E = 4"]
     assert c[0][0] == pytest.approx(2.0) and c[1][0] < 1.0 and c[1][1] == 1.1
     assert "“E = 2”, measured at 0.90×" in ch07.claim_notes(c, pd.DataFrame({"shortlist": [True], "target": [1.5],

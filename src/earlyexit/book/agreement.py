@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..experiments.speeds import verdict
 from .consistency import glued
 
 # the result-store kinds that hold wall-clock measurements (cleared between two timing runs)
@@ -63,10 +64,6 @@ def agree(a: tuple, b: tuple) -> bool:
     return xl <= y <= xh and yl <= x <= yh
 
 
-def _verdict(lo: float, hi: float) -> str:
-    return "faster" if lo > 1 else "slower" if hi < 1 else "no different"
-
-
 def compare(a: Path, b: Path) -> pd.DataFrame:
     """One row per ratio glued in both folders: page, key, the two (ratio, lo, hi), ``agree`` (each build's
     ratio lies in the other's interval) and ``same_verdict``."""
@@ -76,7 +73,7 @@ def compare(a: Path, b: Path) -> pd.DataFrame:
         (x, xl, xh), (y, yl, yh) = ra[key], rb[key]
         rows.append({"page": key[0], "key": key[1], "a": x, "a_lo": xl, "a_hi": xh, "b": y, "b_lo": yl, "b_hi": yh,
                      "agree": agree(ra[key], rb[key]),
-                     "same_verdict": _verdict(xl, xh) == _verdict(yl, yh)})
+                     "same_verdict": verdict(xl, xh) == verdict(yl, yh)})
     return pd.DataFrame(rows, columns=["page", "key", "a", "a_lo", "a_hi", "b", "b_lo", "b_hi", "agree",
                                        "same_verdict"])
 

@@ -307,12 +307,12 @@ def predicted(units: pd.DataFrame, runs: pd.DataFrame, summ: pd.DataFrame, keys)
     return out
 
 
-def candidates(units: pd.DataFrame, *families) -> list:
-    """(predicted, measured, name, lo, hi) speed-up of every drafter configuration. ``families``: (runs, summary,
-    keys, name) each, as :func:`predicted` takes them, with ``name(row)`` a configuration's name."""
-    return [(pred, float(r["speedup"]), name(r), float(r["speedup_lo"]), float(r["speedup_hi"]))
-            for runs, summ, keys, name in families
-            for pred, (_, r) in zip(predicted(units, runs, summ, keys), summ.iterrows())]
+def candidates(*families) -> list:
+    """(predicted, measured, name, lo, hi) speed-up of every drafter configuration. ``families``: (summary, name)
+    each, a summary with the columns speedup, speedup_lo, speedup_hi and ``predicted`` (:func:`predicted`), and
+    ``name(row)`` a configuration's name."""
+    return [(float(r["predicted"]), float(r["speedup"]), name(r), float(r["speedup_lo"]), float(r["speedup_hi"]))
+            for summ, name in families for _, r in summ.iterrows()]
 
 
 def claim_notes(candidates: list, need: pd.DataFrame, shortlist: bool, goal: float = SPEED_GOAL) -> dict:

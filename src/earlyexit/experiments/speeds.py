@@ -25,6 +25,12 @@ def t975(df: int) -> float:
     return _T975[df - 1] if df <= len(_T975) else 1.96
 
 
+def verdict(lo: float, hi: float) -> str:
+    """A speed ratio's verdict from its 95% interval: "faster" or "slower" only when the interval excludes 1.0,
+    else "no different" (also when there is no interval: NaN bounds)."""
+    return "faster" if lo > 1.0 else "slower" if hi < 1.0 else "no different"
+
+
 def paired_ratio(runs: pd.DataFrame) -> dict:
     """The method's speed relative to its reference from :func:`~earlyexit.experiments.timing.paired_runs` rows (``group``, ``round``,
     ``ratio``): each group's median ratio over rounds, their geometric mean over groups (``ratio``) and its 95%
@@ -40,10 +46,9 @@ def paired_ratio(runs: pd.DataFrame) -> dict:
         lo, hi = math.exp(m - half), math.exp(m + half)
     else:
         lo = hi = float("nan")
-    verdict = "faster" if lo > 1.0 else "slower" if hi < 1.0 else "no different"
     width = (hi - lo) / 2 if math.isfinite(lo) else 0.005
     digits = max(1, min(3, -int(math.floor(math.log10(max(width, 1e-12))))))
-    return {"ratio": math.exp(m), "lo": lo, "hi": hi, "verdict": verdict, "digits": digits,
+    return {"ratio": math.exp(m), "lo": lo, "hi": hi, "verdict": verdict(lo, hi), "digits": digits,
             "groups": int(len(per)), "rounds": int(runs["round"].nunique())}
 
 
