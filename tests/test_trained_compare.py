@@ -192,7 +192,8 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
     assert resumed.history["loss"] == straight.history["loss"]
 
 
-def test_recipes_follow_chapter_six_parameters():
+def test_recipes_follow_chapter_six_parameters(monkeypatch):
+    monkeypatch.setattr(trained, "native_bf16", lambda: True)   # a CPU with BF16 instructions
     p = params.validate(params.get("06_training"), {"model": "tiny-llama", "steps": 5, "scratch_steps": 7})
     rs = trained.recipes(p)
     assert set(rs) == {"layerskip", "baseline", "distill", "light", "scratch-baseline", "scratch-layerskip"}
@@ -221,6 +222,31 @@ def test_recipes_follow_chapter_six_parameters():
     assert amp["layerskip"].key() != rs["layerskip"].key()
     assert trained.precision(ls, "cpu") == "float32" and trained.precision(amp["layerskip"].cfg, "cpu").startswith("bfloat16")
     assert trained.precision(ls, "cuda").startswith("bfloat16"), "amp (on CUDA) is on by default"
+    assert trained.precision(ls, "cpu", asked=False) == "float32"
+
+
+def test_a_cpu_without_bf16_instructions_trains_in_float32_and_the_page_says_why(monkeypatch):
+    """Autocast on a CPU without AVX-512 BF16 or AMX is emulated (on a 2-core AVX2 EPYC a step took 12 times the
+    float32 one): asking for it there gives the float32 recipe, whose key is the float32 run's, and the page's
+    precision sentence names what was asked and why it did not run."""
+    p = params.validate(params.get("06_training"), {"model": "tiny-llama", "steps": 5, "scratch_steps": 7})
+    monkeypatch.setattr(trained, "native_bf16", lambda: False)
+    asked, plain = trained.recipes({**p, "amp_cpu": True}), trained.recipes({**p, "amp_cpu": False})
+    assert all(asked[k].key() == plain[k].key() and not asked[k].cfg.amp_cpu for k in asked)
+    words = trained.precision(asked["layerskip"].cfg, "cpu", asked=True)
+    assert words.startswith("float32 (") and "AVX-512 BF16 or AMX" in words
+    assert trained.precision(asked["layerskip"].cfg, "cuda", asked=True).startswith("bfloat16"), "CUDA autocasts"
+
+
+def test_native_bf16_reads_the_cpu_flags():
+    from earlyexit.training.recipe import native_bf16
+
+    flags = set()
+    try:
+        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split())
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/cpuinfo flags to compare with")
+    assert native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
     smoke = handoff.recipes("smoke")
     assert smoke["layerskip"].base == "tiny-llama"
     with pytest.raises(ValueError, match="trains 'tiny-llama' in chapter 6, not 'smollm2-135m'"):

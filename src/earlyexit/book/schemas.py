@@ -160,8 +160,9 @@ TRAINING = register(
                            "steps per layer of the gradual one", range=(1, 1_000_000)),
     train_embeddings=Param(bool, False, "also train the tied embedding / shared head (False: the head stays "
                            "the pretrained one and the layers learn to be read by it)"),
-    amp_cpu=Param(bool, False, "bfloat16 autocast for the continual pre-training runs on a CPU (faster where the "
-                  "CPU has AVX-512 BF16 or AMX, losses within noise of float32; emulated, so slower, elsewhere)"),
+    amp_cpu=Param(bool, False, "bfloat16 autocast for the continual pre-training runs on a CPU that has AVX-512 "
+                  "BF16 or AMX (faster there, losses within noise of float32); a CPU without them, which would "
+                  "emulate it more slowly, trains in float32 and the page says so"),
     checkpoint_every=Param(int, 10, "write a resumable checkpoint every N steps (the weights of each are kept: "
                            "acceptance along the run)", range=(0, 10_000_000)),
     variants=Param(list, ["baseline", "distill", "light"], "continual pre-training runs besides LayerSkip's, same "

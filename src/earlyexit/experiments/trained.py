@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..training.checkpoints import Recipe, heldout_blocks
-from ..training.recipe import TrainConfig
+from ..training.recipe import TrainConfig, native_bf16
 
 
 # each continual variant, as the fields of LayerSkip's run it changes (from chapter 6's parameters ``g``)
@@ -28,13 +28,16 @@ def recipes(p) -> dict[str, Recipe]:
     exits learn the last layer's detached distribution; ``"light"``: LayerSkip's recipe at a lighter dose,
     ``p["light_p_max"]`` and ``p["light_e_scale"]``), and the from-scratch pair ``"scratch-baseline"`` /
     ``"scratch-layerskip"`` (same data, steps and seed; recipe off / on). Continual runs keep the weights of
-    every checkpoint (acceptance along the run) and autocast to bfloat16 on a CPU when ``p["amp_cpu"]``."""
+    every checkpoint (acceptance along the run) and autocast to bfloat16 on a CPU when ``p["amp_cpu"]`` and the CPU
+    has BF16 instructions (:func:`~earlyexit.training.recipe.native_bf16`; float32 elsewhere, where autocast is
+    emulated and slower: the recipe's key names the precision that runs)."""
     g = p.__getitem__
     cont = TrainConfig(steps=g("steps"), batch_size=g("batch_size"), seq_len=g("seq_len"), lr=g("lr"),
                        warmup=g("warmup"), p_max=g("p_max"), e_scale=g("e_scale"), scale=g("scale"),
                        curriculum=g("curriculum"), curriculum_param=g("curriculum_param"), seed=g("seed"),
                        train_embeddings=g("train_embeddings"), checkpoint_every=g("checkpoint_every"),
-                       keep_checkpoints=1, keep_weights=True, amp_cpu=p.get("amp_cpu", False))
+                       keep_checkpoints=1, keep_weights=True,
+                       amp_cpu=bool(p.get("amp_cpu", False)) and native_bf16())
     variants = p.get("variants", ())
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
@@ -61,10 +64,17 @@ def continual(recipes: dict[str, Recipe]) -> dict[str, Recipe]:
 
 
 
-def precision(cfg: TrainConfig, device_type: str) -> str:
-    """How a run with ``cfg`` computes on a ``device_type`` ("cpu", "cuda"), in words for the page."""
+def precision(cfg: TrainConfig, device_type: str, asked: bool = False) -> str:
+    """How a run with ``cfg`` computes on a ``device_type`` ("cpu", "cuda"), in words for the page; ``asked``: the
+    profile asked for bfloat16 autocast on the CPU (``amp_cpu``), which :func:`recipes` turns off on a CPU
+    without BF16 instructions, and the page says so."""
     autocast = (cfg.amp and device_type == "cuda") or (cfg.amp_cpu and device_type == "cpu")
-    return "bfloat16 autocast, weights and optimizer state in float32" if autocast else "float32"
+    if autocast:
+        return "bfloat16 autocast, weights and optimizer state in float32"
+    if asked and device_type == "cpu":
+        return ("float32 (the profile asks for bfloat16 autocast, which this CPU, without AVX-512 BF16 or AMX, "
+                "would emulate more slowly)")
+    return "float32"
 
 
 def layer_agreement(lm, n_blocks: int, seq_len: int, batch_size: int = 4):

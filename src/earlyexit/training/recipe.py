@@ -97,7 +97,8 @@ class TrainConfig:
     amp
         Autocast to bfloat16 on CUDA (weights and optimizer stay in the model's dtype). Ignored on CPU.
     amp_cpu
-        Autocast to bfloat16 on the CPU as well. Measured on a 2-core Xeon with AMX/AVX-512 BF16 (SmolLM2, 4 x 256,
+        Autocast to bfloat16 on the CPU as well (where the CPU lacks BF16 instructions, :func:`native_bf16`, the
+        products are emulated and a step is several times slower than in float32). Measured on a 2-core Xeon with AMX/AVX-512 BF16 (SmolLM2, 4 x 256,
         layer dropout on): a step in 0.68 of the float32 time, the loss within 0.024 nats of float32's over six
         steps, where other layer-dropout coins alone move it by up to 1.5 (``benchmarks/bench_train_amp.py``).
         Off by default: it changes the weights a recipe gives, and with them every number trained on them.
@@ -273,3 +274,13 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return lo + (cfg.lr - lo) * 0.5 * (1 + math.cos(math.pi * frac))
     return cfg.lr - (cfg.lr - lo) * frac
 
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 products in hardware (AVX-512 BF16 or AMX), where bfloat16 autocast
+    pays. Elsewhere torch emulates them: on a 2-core AMD EPYC with AVX2 only (Zen 3), a training step of the embedded
+    model under autocast took 12.2 times the float32 step (53.8 s against 4.4 s, 1 x 128 tokens, 2 threads,
+    ``benchmarks/bench_train_amp.py``); the cpu profile's chapter 6 had not finished 10 of its 40 steps in 48 min."""
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
