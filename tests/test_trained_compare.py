@@ -222,7 +222,10 @@ def test_recipes_follow_chapter_six_parameters(monkeypatch):
     assert amp["layerskip"].key() != rs["layerskip"].key()
     assert trained.precision(ls, "cpu") == "float32" and trained.precision(amp["layerskip"].cfg, "cpu").startswith("bfloat16")
     assert trained.precision(ls, "cuda").startswith("bfloat16"), "amp (on CUDA) is on by default"
-    assert trained.precision(ls, "cpu", asked=False) == "float32"
+    smoke = handoff.recipes("smoke")
+    assert smoke["layerskip"].base == "tiny-llama"
+    with pytest.raises(ValueError, match="trains 'tiny-llama' in chapter 6, not 'smollm2-135m'"):
+        handoff.recipes("smoke", model="smollm2-135m")
 
 
 def test_a_cpu_without_bf16_instructions_trains_in_float32_and_the_page_says_why(monkeypatch):
@@ -247,10 +250,6 @@ def test_native_bf16_reads_the_cpu_flags():
     except (OSError, StopIteration):
         pytest.skip("no /proc/cpuinfo flags to compare with")
     assert native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
-    smoke = handoff.recipes("smoke")
-    assert smoke["layerskip"].base == "tiny-llama"
-    with pytest.raises(ValueError, match="trains 'tiny-llama' in chapter 6, not 'smollm2-135m'"):
-        handoff.recipes("smoke", model="smollm2-135m")
 
 
 def test_layer_agreement_last_layer_agrees_with_itself():

@@ -98,9 +98,9 @@ class TrainConfig:
         Autocast to bfloat16 on CUDA (weights and optimizer stay in the model's dtype). Ignored on CPU.
     amp_cpu
         Autocast to bfloat16 on the CPU as well (where the CPU lacks BF16 instructions, :func:`native_bf16`, the
-        products are emulated and a step is several times slower than in float32). Measured on a 2-core Xeon with AMX/AVX-512 BF16 (SmolLM2, 4 x 256,
-        layer dropout on): a step in 0.68 of the float32 time, the loss within 0.024 nats of float32's over six
-        steps, where other layer-dropout coins alone move it by up to 1.5 (``benchmarks/bench_train_amp.py``).
+        products are emulated and a step is several times slower than in float32). Measured on a 2-core Xeon
+        with AMX/AVX-512 BF16 (SmolLM2, 4 x 256, layer dropout on): a step in 0.68 of the float32 time, the loss
+        within 0.024 nats of float32's over six steps, where other layer-dropout coins alone move it by up to 1.5 (``benchmarks/bench_train_amp.py``).
         Off by default: it changes the weights a recipe gives, and with them every number trained on them.
     exit_target
         What the exits below the last layer learn: ``"data"`` (the data's next token, LayerSkip's early-exit
