@@ -288,6 +288,13 @@ def test_bf16_autocast_on_the_cpu_is_an_option_that_changes_the_key_only_when_on
     assert max(abs(a - b) for a, b in zip(runs["bf16"][0], runs["fp32"][0])) < 0.1
 
 
+@pytest.mark.parametrize("amp, amp_cpu, device_type, expected", [
+    (True, False, "cuda", True), (False, False, "cuda", False), (True, True, "cpu", True),
+    (True, False, "cpu", False), (False, True, "cuda", False), (True, True, "mps", False)])
+def test_autocast_follows_the_device_switch(amp, amp_cpu, device_type, expected):
+    assert TrainConfig(amp=amp, amp_cpu=amp_cpu).autocast(device_type) is expected
+
+
 def test_resume_reproduces_uninterrupted_run(tmp_path):
     cfg = TrainConfig(steps=6, batch_size=3, seq_len=12, lr=2e-3, warmup=2, p_max=0.5, e_scale=0.5,
                       curriculum="rotational", curriculum_param=2, weight_decay=0.01, checkpoint_every=1,

@@ -68,8 +68,7 @@ def precision(cfg: TrainConfig, device_type: str, asked: bool = False) -> str:
     """How a run with ``cfg`` computes on a ``device_type`` ("cpu", "cuda"), in words for the page; ``asked``: the
     profile asked for bfloat16 autocast on the CPU (``amp_cpu``), which :func:`recipes` turns off on a CPU
     without BF16 instructions, and the page says so."""
-    autocast = (cfg.amp and device_type == "cuda") or (cfg.amp_cpu and device_type == "cpu")
-    if autocast:
+    if cfg.autocast(device_type):
         return "bfloat16 autocast, weights and optimizer state in float32"
     if asked and device_type == "cpu":
         return ("float32 (the profile asks for bfloat16 autocast, which this CPU, without AVX-512 BF16 or AMX, "

@@ -210,7 +210,7 @@ def train(model, blocks: Callable[[int], torch.Tensor], cfg: TrainConfig,
             torch.cuda.set_rng_state_all(state["cuda_rng"])
 
     was_training = model.training
-    use_amp = (cfg.amp and device.type == "cuda") or (cfg.amp_cpu and device.type == "cpu")
+    use_amp = cfg.autocast(device.type)
     bar = None
     if progress and w.main and start < cfg.steps and progress_enabled():
         from tqdm.auto import tqdm

@@ -181,6 +181,11 @@ class TrainConfig:
              f"keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}")
         need(isinstance(self.keep_weights, bool), f"keep_weights must be True or False, got {self.keep_weights!r}")
 
+    def autocast(self, device_type: str) -> bool:
+        """Whether a run on ``device_type`` ("cuda", "cpu", ...) autocasts to bfloat16: :attr:`amp` on CUDA,
+        :attr:`amp_cpu` on the CPU, never elsewhere. The training loop and the page's precision sentence ask here."""
+        return (self.amp and device_type == "cuda") or (self.amp_cpu and device_type == "cpu")
+
     def resolved_param(self, n_layers: int) -> int | None:
         """The curriculum parameter in use: R for rotational, k for gradual, None for none."""
         if self.curriculum == "rotational":
