@@ -15,6 +15,14 @@ def test_ratio_prints_the_interval_at_its_digits():
     assert words.ratio(_s(1.2346, 1.2301, 1.2389, "faster", digits=3)) == "1.235× [1.230, 1.239]"
 
 
+def test_a_bound_that_would_print_as_one_gets_the_decimals_its_verdict_needs():
+    assert words.ratio(_s(1.10, 1.004, 1.20, "faster", digits=1)) == "1.1× [1.004, 1.2]"
+    assert words.ratio(_s(0.95, 0.90, 0.9996, "slower")) == "0.95× [0.90, 0.9996]"
+    assert words.ratio(_s(1.05, 0.996, 1.10, "no different")) == "1.05× [1.00, 1.10]", "1.0 is in the interval"
+    assert words.ratio(_s(1.13, 1.04, 1.24, "faster", digits=1)) == "1.1× [1.04, 1.2]"
+    assert words.ratio(_s(1.5, 1.2, 1.8, "faster", digits=1)) == "1.5× [1.2, 1.8]", "no extra decimals needed"
+
+
 def test_one_run_prints_no_interval_and_gives_no_verdict():
     one = _s(1.0712, math.nan, math.nan, "no different", digits=3)
     assert words.ratio(one) == "1.07× (one timed run, no interval)" and not words.has_interval(one)

@@ -23,11 +23,17 @@ def has_interval(s: dict) -> bool:
 
 def ratio(s: dict) -> str:
     """'r× [lo, hi]' (the 95% interval) at ``s["digits"]`` decimals; 'r× (one timed run, no interval)' when one
-    run left no interval."""
+    run left no interval. Where the verdict excludes 1.0 but the bound nearest 1.0 would print as 1.0 (lo = 1.004
+    at one decimal), more decimals are printed (up to 4), so that the interval a reader sees says what the verdict
+    says: '1.10× [1.004, 1.20]' rather than '1.1× [1.0, 1.2]' beside 'faster'."""
     if not has_interval(s):
         return f"{_num(s['ratio'], 2)}× (one timed run, no interval)"
     d = int(s.get("digits", 2))
-    return f"{_num(s['ratio'], d)}× [{_num(s['lo'], d)}, {_num(s['hi'], d)}]"
+    digits = {"lo": d, "hi": d}
+    near = {"faster": "lo", "slower": "hi"}.get(s.get("verdict"))
+    while near and digits[near] < 4 and float(_num(s[near], digits[near])) == 1.0:
+        digits[near] += 1
+    return f"{_num(s['ratio'], d)}× [{_num(s['lo'], digits['lo'])}, {_num(s['hi'], digits['hi'])}]"
 
 
 def versus(s: dict, ref: str = "full depth") -> str:
