@@ -39,6 +39,12 @@ def test_numbers_glued_with_their_interval_count_when_they_are_speeds(tmp_path):
                                    ("07_x", "skip_best_speed"): (0.9, 0.8, 1.0)}
 
 
+def test_a_chapter_still_executing_is_not_a_page(tmp_path):
+    _nb(tmp_path / "04_x.ipynb", {"speed_lazy": "0.93× [0.88, 0.98]"})
+    _nb(tmp_path / ".04_x.running.ipynb", {"speed_lazy": "0.99× [0.90, 1.08]"})
+    assert agreement.ratios(tmp_path) == {("04_x", "speed_lazy"): (0.93, 0.88, 0.98)}
+
+
 def test_clear_timed_keeps_the_untimed_entries(tmp_path):
     for kind in ("timing", "cost_units_paths", "point", "drift"):
         (tmp_path / kind).mkdir()

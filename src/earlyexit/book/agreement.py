@@ -42,6 +42,8 @@ def ratios(folder: Path) -> dict:
     speed (:data:`SPEED_KEY`)."""
     out = {}
     for nb in sorted(Path(folder).glob("*.ipynb")):
+        if nb.name.startswith("."):        # .<name>.running.ipynb: a chapter still executing, not a page
+            continue
         g = glued(nb)
         for k, v in g.items():
             m = RATIO.match(str(v).strip())
