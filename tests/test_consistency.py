@@ -29,8 +29,7 @@ def test_the_built_book_glues_one_value_per_fact():
     has one value across them."""
     from earlyexit import paths
 
-    # a chapter being executed writes .<name>.running.ipynb beside the pages: not a page of the book
-    names = sorted(p.stem for p in paths.GENERATED.glob("*.ipynb") if not p.name.startswith("."))
+    names = [p.stem for p in consistency.pages(paths.GENERATED)]
     if not names:
         pytest.fail("no executed notebooks: build the book first with `python -m earlyexit book --profile smoke`",
                     pytrace=False)

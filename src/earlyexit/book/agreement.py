@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..experiments.speeds import verdict
-from .consistency import glued
+from .consistency import glued, pages
 
 # the result-store kinds that hold wall-clock measurements (cleared between two timing runs)
 TIMED = ("timing", "timing_replay", "spec_point", "side_by_side", "paired_timing", "cost_units", "cost_units_paths",
@@ -41,9 +41,7 @@ def ratios(folder: Path) -> dict:
     "r× [lo, hi]", or a number ``k`` (or ``k_speed``) glued beside ``k_lo`` and ``k_hi`` whose name says it is a
     speed (:data:`SPEED_KEY`)."""
     out = {}
-    for nb in sorted(Path(folder).glob("*.ipynb")):
-        if nb.name.startswith("."):        # .<name>.running.ipynb: a chapter still executing, not a page
-            continue
+    for nb in pages(folder):
         g = glued(nb)
         for k, v in g.items():
             m = RATIO.match(str(v).strip())

@@ -28,6 +28,13 @@ def glued(path: Path) -> dict:
     return out
 
 
+def pages(folder: Path | None = None) -> list[Path]:
+    """The executed pages in ``folder`` (default ``book/generated``), by name: every ``<name>.ipynb`` but the
+    runner's ``.<name>.running.ipynb``, the half-written copy of a chapter still executing."""
+    folder = Path(folder) if folder is not None else paths.GENERATED
+    return sorted(nb for nb in folder.glob("*.ipynb") if not nb.name.startswith("."))
+
+
 # what a page says of its own run: each page states the CPU threads it ran with and the tokens its runs generate
 PER_PAGE = frozenset({"threads", "threads_phrase", "n_new"})
 

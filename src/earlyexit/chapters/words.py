@@ -25,7 +25,7 @@ def ratio(s: dict) -> str:
     """'r× [lo, hi]' (the 95% interval) at ``s["digits"]`` decimals; 'r× (one timed run, no interval)' when one
     run left no interval. Where the verdict excludes 1.0 but the bound nearest 1.0 would print as 1.0 (lo = 1.004
     at one decimal), more decimals are printed (up to 4), so that the interval a reader sees says what the verdict
-    says: '1.10× [1.004, 1.20]' rather than '1.1× [1.0, 1.2]' beside 'faster'."""
+    says: '1.1× [1.004, 1.2]' rather than '1.1× [1.0, 1.2]' beside 'faster'."""
     if not has_interval(s):
         return f"{_num(s['ratio'], 2)}× (one timed run, no interval)"
     d = int(s.get("digits", 2))
