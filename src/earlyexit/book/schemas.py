@@ -194,8 +194,12 @@ SELF_SPECULATIVE = register(
                           range=(1, 1024)),
         draft_lens=Param(list, [2, 4], "draft lengths d swept (tokens drafted a round)", item=int,
                          range=(1, 64)),
-        timing_repeats=Param(int, 1, "timed runs per prompt and method, back to back with full depth (the fastest counts)",
-                          range=(1, 100)),
+        timing_repeats=Param(int, 1, "timed runs per prompt and method of the grids, a screen, back to back with "
+                             "full depth (the fastest counts)", range=(1, 100)),
+        paired_prompts=Param(int, 6, "prompts of the paired timing of every speed the text quotes (each decoded "
+                             "alone)", range=(1, 10_000)),
+        paired_rounds=Param(int, 3, "rounds of that timing: the drafter and full depth in turn, the order "
+                            "alternating; each prompt's median round counts", range=(1, 100)),
         peer=Param(bool, True, "also time transformers' generate(assistant_early_exit=E) at every point"),
         strategy_thresholds=Param(list, [0.9, 0.99], "thresholds of the cache strategies re-run on the trained "
                                   "model", item=float, range=(1e-6, 1.0)),

@@ -261,17 +261,21 @@ def versus_full(lo: float, hi: float) -> str:
 
 
 def skip_notes(searches: dict, sets: dict, ss: pd.DataFrame, sk: pd.DataFrame, skip_n, skip_d, units, L: int,
-               shortlist: int) -> dict:
+               shortlist: int, cited: dict | None = None) -> dict:
     """The training-free drafter: what the search keeps, the fastest drafter, what a draft and a verification
-    cost in full-depth steps by the cost model, and the model's median error against the measurement."""
+    cost in full-depth steps by the cost model, and the model's median error against the measurement. ``cited``:
+    {model: its best-ranked row with the paired timing's speed (:func:`earlyexit.chapters.quoted.cited`)}, the
+    speeds quoted; without it, the grid's."""
     n_lo, n_hi = skip_n[0], skip_n[-1]
     kept = searches["released"].set_index("n_skip")["agreement"]
     order = [set(x.split()) for x in searches["released"].sort_values("n_skip")["skip"]]
+    cited = cited or {}
     top = ss.loc[ss["predicted"].idxmax()]
+    top = cited.get(top["model"], top)
     out = {f"skip_best_{k}": float(top[v]) for k, v in (("speed", "speedup"), ("lo", "speedup_lo"),
                                                          ("hi", "speedup_hi"), ("acc", "acceptance"), ("need", "need"))}
     for name in MODELS:
-        r = ss[ss.model == name].loc[lambda x: x["predicted"].idxmax()]
+        r = cited.get(name, ss[ss.model == name].loc[lambda x: x["predicted"].idxmax()])
         out.update({f"skip_{name}_best_speed": float(r["speedup"]),
                     f"skip_{name}_best_label": f"{int(r['n_skip'])} layers out, d = {int(r['d'])}"})
 
@@ -309,17 +313,27 @@ def predicted(units: pd.DataFrame, runs: pd.DataFrame, summ: pd.DataFrame, keys)
 
 def candidates(*families) -> list:
     """(predicted, measured, name, lo, hi) speed-up of every drafter configuration. ``families``: (summary, name)
-    each, a summary with the columns speedup, speedup_lo, speedup_hi and ``predicted`` (:func:`predicted`), and
-    ``name(row)`` a configuration's name."""
-    return [(float(r["predicted"]), float(r["speedup"]), name(r), float(r["speedup_lo"]), float(r["speedup_hi"]))
-            for summ, name in families for _, r in summ.iterrows()]
+    or (summary, name, config) each, a summary with the columns speedup, speedup_lo, speedup_hi and ``predicted``
+    (:func:`predicted`), ``name(row)`` a configuration's name and ``config(row)`` its (model, DecodeConfig), which
+    then ends the tuple (for :func:`cite_claim`)."""
+    return [(float(r["predicted"]), float(r["speedup"]), f[1](r), float(r["speedup_lo"]), float(r["speedup_hi"]))
+            + ((f[2](r),) if len(f) > 2 else ()) for f in families for _, r in f[0].iterrows()]
+
+
+def cite_claim(cands: list, cite) -> list:
+    """The drafter the cost model ranks fastest among :func:`candidates` ``cands`` (made with configs), its grid
+    speed replaced by ``cite(model, config)`` (:func:`earlyexit.chapters.quoted.paired`: ratio, lo, hi), as the one
+    candidate :func:`claim_notes` takes."""
+    pred, _, name, _, _, (model, cfg) = max(cands, key=lambda c: c[0])
+    s = cite(model, cfg)
+    return [(pred, float(s["ratio"]), name, float(s["lo"]), float(s["hi"]))]
 
 
 def claim_notes(candidates: list, need: pd.DataFrame, shortlist: bool, goal: float = SPEED_GOAL) -> dict:
     """The opening's claims: the drafter the cost model ranks fastest among ``candidates`` ((predicted, measured
     speed-up, name, lo, hi) each), its measured speed against full depth and the target, and the acceptance the
     target would take with a draft from layer E (``need``)."""
-    _, speed, name, lo, hi = max(candidates)
+    _, speed, name, lo, hi = max(candidates, key=lambda c: c[0])[:5]
     claim = (f"the drafter the cost model ranks fastest is “{name}”, measured at {against_full(speed, lo, hi)}"
              + (f", short of the {goal:.1f}× target" if speed < goal else ""))
     n = need[(need.shortlist == shortlist) & (need.target == goal)]

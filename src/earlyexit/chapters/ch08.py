@@ -208,19 +208,25 @@ def pareto_figure(summ: pd.DataFrame, bounds: pd.DataFrame, keys, names: dict, t
 
 
 def drafter_notes(summ: pd.DataFrame, dsumm: pd.DataFrame, dpts: pd.DataFrame, drafted, runs: pd.DataFrame | None = None,
-                  seed: int = 0, n_boot: int = 2000) -> dict:
+                  seed: int = 0, n_boot: int = 2000, cite=None) -> dict:
     """Chapter 7's drafters next to self-speculation (``summ``: chapter 8's summary, ``dsumm``/``dpts``: the
     drafters' summary and points on the models ``drafted``): the configuration of each model that the cost model
-    ranks fastest among the lossless ones (the same in every build), with its measured speed-up as chapter 7 gives
-    it (the mean over prompts of ``runs``' ``measured`` column with the same bootstrap, ``seed`` and ``n_boot``;
-    ``runs``: every self-speculative row, ``dpts`` where None), and how many prompt runs kept the full model's output."""
+    ranks fastest among the lossless ones (the same in every build), with its measured speed-up as chapter 7 quotes
+    it: ``cite(model, config)`` (:func:`earlyexit.chapters.quoted.paired` with chapter 7's prompts and rounds, so
+    the same cached timing; ratio, lo, hi) of the ``config`` column of its rows, or without ``cite`` the mean over
+    prompts of ``runs``' ``measured`` column with the bootstrap (``seed``, ``n_boot``; ``runs``: every
+    self-speculative row, ``dpts`` where None); and how many prompt runs kept the full model's output."""
     runs = dpts if runs is None else runs
     fastest = compare.fastest_lossless(pd.concat([summ[summ.method == "self-speculation"], dsumm], ignore_index=True))
     shown = {k: (NOT_TRAINED,) + (float("nan"),) * 4 for k in WHERE}
     for k, r in fastest[fastest.index.isin(list(drafted))].iterrows():
         g = runs[(runs.model == k) & (runs.method == r["method"]) & (runs.label == r["label"])]
-        shown[k] = (f"{r['method']} ({r['label']})", float(r["speed"]),
-                    *metrics.bootstrap_ci(g["measured"].to_numpy(), n_boot, seed=seed))
+        if cite is not None:
+            s = cite(k, g["config"].iloc[0])
+            speed = (s["ratio"], s["lo"], s["hi"])
+        else:
+            speed = metrics.bootstrap_ci(g["measured"].to_numpy(), n_boot, seed=seed)
+        shown[k] = (f"{r['method']} ({r['label']})", float(r["speed"]), *speed)
     out = {f"draft_best{part}_{k}": x for k, row in shown.items()
            for part, x in zip(("", "_pred", "_speed", "_speed_lo", "_speed_hi"), row)}
     n, nruns = int(dpts["exact_match"].sum()), int(len(dpts))

@@ -106,7 +106,7 @@ def _spec_rows(sp: pd.DataFrame, method: str, cfg: DecodeConfig, units: pd.DataF
         "prompt": sp["prompt"], "method": method, "rule": "self-speculation", "strategy": "self-speculation",
         "label": [cfg.label] * len(sp), "layers": sp["layers"], "consistency": np.where(sp["lossless"], 1.0, np.nan),
         "exact_match": sp["lossless"].astype(float), "speed": speed, "acceptance": sp["acceptance"],
-        "measured": sp["speedup"]})
+        "measured": sp["speedup"], "config": [cfg] * len(sp)})   # config: what a quoted speed re-times
 
 
 def drafter_points(lm, spec_set: EvalSet, n_new: int, spec, p7, released_layers: int, units: pd.DataFrame,
