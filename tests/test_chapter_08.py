@@ -45,8 +45,8 @@ def test_lossless_phrase():
 def test_fastest_sentence():
     s = ch08.fastest_sentence({"released": ("drafter (E=6 d=1)", 0.9712, 1.4764, 0.41, 2.543),
                                "distill": (ch08.NOT_TRAINED, NAN, NAN, NAN, NAN)})
-    assert s == ("on the released model, drafter (E=6 d=1), predicted at 0.97× full depth and measured in chapter 7 "
-                 "at 1.48× ([0.41, 2.54]); "
+    assert s == ("on the released model, drafter (E=6 d=1), predicted at 0.97× full depth and timed paired, as "
+                 "chapter 7 times the speeds it quotes, at 1.48× ([0.41, 2.54]); "
                  "on the self-distilled model of chapter 6, none (the model is not trained under this profile)")
     assert "nan" not in s
 
@@ -183,7 +183,8 @@ def test_drafter_notes_quote_chapter_7s_measurement_of_the_drafter_the_cost_mode
     assert (n["draft_lossless"], n["draft_runs"], n["has_distill"]) == (2, 3, False)
     assert n["draft_lossless_str"].endswith("in 2 of 3 prompt runs, not in every one")
     assert n["draft_best_str"].startswith("on the released model, layer-skip drafter (skip 2), predicted at 1.50× "
-                                          "full depth and measured in chapter 7 at 0.90×")
+                                          "full depth and timed paired, as chapter 7 times the "
+                                          "speeds it quotes, at 0.90×")
     assert n["draft_best_str"].endswith("none (the model is not trained under this profile)")
 
 

@@ -93,7 +93,8 @@ def fastest_sentence(shown: dict) -> str:
     the cost model's speed-up and chapter 7's measurement with its interval; a NaN prediction for a model not
     trained under this profile), as a list of clauses."""
     return "; ".join(f"{WHERE[k]}, none (the model is {NOT_TRAINED})" if math.isnan(p) else
-                     f"{WHERE[k]}, {what}, predicted at {p:.2f}× full depth and measured in chapter 7 at "
+                     f"{WHERE[k]}, {what}, predicted at {p:.2f}× full depth and timed paired, as chapter 7 times "
+                     f"the speeds it quotes, at "
                      f"{v:.2f}× ([{lo:.2f}, {hi:.2f}])"
                      for k, (what, p, v, lo, hi) in shown.items())
 
