@@ -63,3 +63,18 @@ def test_every_timed_kind_is_one_the_package_stores():
     assert set(agreement.TIMED) <= stored, set(agreement.TIMED) - stored
     clocked = {k for k in stored if re.search(r"tim|units|spec|side_by_side", k)}
     assert clocked <= set(agreement.TIMED), clocked - set(agreement.TIMED)
+
+
+def test_a_sentence_that_changes_its_words_is_found_and_one_that_changes_numbers_is_not(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    _nb(a / "04_x.ipynb", {"lazy_eager_sentence": "Batching the recompute pays: lazy at 1.1× [1.001, 1.2] eager's.",
+                           "exit_str": "the mean exit stays at 24.1 layers", "n": 3, "speed_lazy": "1.1× [1.0, 1.2]",
+                           "fig_cite": "Files: figures/a.pdf"})
+    _nb(b / "04_x.ipynb", {"lazy_eager_sentence": "Lazy and eager are indistinguishable (1.1× [1.0, 1.2]).",
+                           "exit_str": "the mean exit stays at 23.9 layers", "n": 4, "speed_lazy": "1.2× [1.1, 1.3]",
+                           "fig_cite": "Files: figures/b.pdf"})
+    w = agreement.wording(a, b)
+    assert list(w["key"]) == ["lazy_eager_sentence"]
+    assert w.loc[0, "a"].startswith("Batching") and w.loc[0, "b"].startswith("Lazy")
+    assert agreement.wording(a, a).empty

@@ -192,7 +192,8 @@ def test_economize_notes_ran_with_and_without_the_same_drafter_note_and_did_not_
 
 def test_same_drafter_note_same_inside_and_outside_the_interval():
     head = " Timed on its own in the previous section, the same drafter ran at"
-    assert ch07.same_drafter_note(_row(0.961, 0.83, 1.07), _row(0.958, 0.8, 1.1), 4) == f"{head} the same 0.96×."
+    assert ch07.same_drafter_note(_row(0.961, 0.83, 1.07), _row(0.958, 0.8, 1.1), 4) == (
+        f"{head} 0.96×, inside this timing's 95% interval, as two timings of one configuration should be.")
     assert ch07.same_drafter_note(_row(0.96, 0.83, 1.07), _row(0.91, 0.8, 1.0), 4) == (
         f"{head} 0.91×, inside this timing's 95% interval, as two timings of one configuration should be.")
     far = ch07.same_drafter_note(_row(0.96, 0.93, 0.99), _row(0.86, 0.8, 0.9), 4)

@@ -1,8 +1,9 @@
 """Do two builds of the same commit quote the same speeds? Every paired ratio a page glues reads
 "r× [lo, hi]" (:mod:`earlyexit.chapters.words`); this module reads them from two folders of executed chapters
-and says, key by key, whether the two measurements agree within their intervals and give the same verdict.
+and says, key by key, whether the two measurements agree within their intervals and give the same verdict; and which glued sentences change their words (numbers aside) between the two, since a
+verdict can also live in a sentence ("Batching the recompute pays" against "indistinguishable").
 
-    python -m earlyexit.book.agreement book/generated-run1 book/generated      # a table and a summary line
+    python -m earlyexit.book.agreement book/generated-run1 book/generated      # a table and summary lines
     python -m earlyexit.book.agreement --clear-timed                            # before a second timing run
 
 A second timing run costs far less than a second build: clear the timed entries (:data:`TIMED`,
@@ -84,6 +85,29 @@ def summary(t: pd.DataFrame) -> str:
             f"the other's interval); {int((~t['same_verdict']).sum())} change verdict")
 
 
+NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*")
+
+
+def wording(a: Path, b: Path) -> pd.DataFrame:
+    """One row per glued sentence (a string with a letter in it, figures and citation notes aside) whose words
+    differ between the folders once every number is masked: page, key, and the two texts. Numbers are compared by
+    :func:`compare`; this finds the verdicts and clauses a sentence chooses from a measurement."""
+    rows = []
+    for nb in pages(a):
+        other = Path(b) / nb.name
+        if not other.exists():
+            continue
+        ga, gb = glued(nb), glued(other)
+        for k in sorted(set(ga) & set(gb)):
+            x, y = str(ga[k]), str(gb[k])
+            if (k.endswith("_cite") or x.startswith("<Figure") or not re.search(r"[^\W\d_]{2}", x)
+                    or RATIO.match(x.strip())):
+                continue
+            if NUMBER.sub("#", x) != NUMBER.sub("#", y):
+                rows.append({"page": nb.stem, "key": k, "a": x.strip("'\""), "b": y.strip("'\"")})
+    return pd.DataFrame(rows, columns=["page", "key", "a", "b"])
+
+
 def clear_timed(root=None) -> int:
     """Delete every wall-clock entry of the result store (:data:`TIMED`), keep the rest; return how many files."""
     from ..store import results
@@ -101,7 +125,11 @@ def main(argv=None) -> int:
     t = compare(Path(args[0]), Path(args[1]))
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(t.to_string(index=False))
+    w = wording(Path(args[0]), Path(args[1]))
+    for r in w.itertuples():
+        print(f"{r.page} {r.key}:\n  a: {r.a}\n  b: {r.b}")
     print(summary(t))
+    print(f"{len(w)} glued sentence{'' if len(w) == 1 else 's'} change wording (numbers aside)")
     return 0
 
 

@@ -35,8 +35,9 @@ def pages(folder: Path | None = None) -> list[Path]:
     return sorted(nb for nb in folder.glob("*.ipynb") if not nb.name.startswith("."))
 
 
-# what a page says of its own run: each page states the CPU threads it ran with and the tokens its runs generate
-PER_PAGE = frozenset({"threads", "threads_phrase", "n_new"})
+# what a page says of its own run: each page states the CPU threads it ran with, the tokens its runs generate and
+# how many prompts and rounds its own timings took (a chapter may time more prompts than another)
+PER_PAGE = frozenset({"threads", "threads_phrase", "n_new", "timing_prompts", "timing_repeats"})
 
 
 def _is_fact(key: str, value: str) -> bool:

@@ -263,6 +263,8 @@ WHERE_TIME_GOES = register(
         timing_prompts=Param(int, 3, "prompts timed one at a time per method", range=(1, 10_000)),
         timing_repeats=Param(int, 2, "timing rounds: the method and full depth in turn on each prompt, the order "
                             "alternating", range=(1, 100)),
+        batch_prompts=Param(int, 3, "prompts timed one at a time per method at batch 1 in the closing batch table",
+                            range=(1, 10_000)),
         unit_ctx=Param(int, 96, "keys in the cache when the unit costs are timed", range=(1, 8192)),
         unit_repeats=Param(int, 5, "timed repeats of each unit cost (the median counts)", range=(1, 1000)),
         shortlist=Param(int, 8192, "rows of the shortlist draft head priced by the cost model", range=(1, 10_000_000)),

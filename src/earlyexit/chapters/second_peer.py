@@ -44,15 +44,14 @@ def economize_notes(p2, lossless2, pairs: dict, error: str, skip_top: pd.Series,
 
 def same_drafter_note(now: pd.Series, before: pd.Series, n_prompts: int) -> str:
     """One sentence on two timings of one configuration (rows with speedup, speedup_lo, speedup_hi): ``now``
-    here, ``before`` in the previous section. The same at two decimals, in agreement (:func:`agree`), or apart by
-    more than the intervals allow (saying whose interval leaves out the other's ratio)."""
+    here, ``before`` in the previous section: in agreement (:func:`agree`), or apart by more than the intervals
+    allow (saying whose interval leaves out the other's ratio). Two timings that print the same at two decimals get
+    the same sentence as two that agree, so that a repeated build's rounding does not change the page's words."""
     cols = ("speedup", "speedup_lo", "speedup_hi")
     x, lo, hi = (float(now[k]) for k in cols)
     y, blo, bhi = (float(before[k]) for k in cols)
     head = " Timed on its own in the previous section, the same drafter ran at"
-    if f"{x:.2f}" == f"{y:.2f}":
-        return f"{head} the same {y:.2f}×."
-    if agree((x, lo, hi), (y, blo, bhi)):
+    if agree((x, lo, hi), (y, blo, bhi)) or f"{x:.2f}" == f"{y:.2f}":
         return f"{head} {y:.2f}×, inside this timing's 95% interval, as two timings of one configuration should be."
     where = (f"outside this timing's 95% interval ({lo:.2f} to {hi:.2f})" if not lo <= y <= hi else
              f"with a 95% interval ({blo:.2f} to {bhi:.2f}) that has this timing's {x:.2f}× outside it")
