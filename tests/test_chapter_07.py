@@ -134,7 +134,10 @@ def test_claims_faster_slower_or_not_measurably_different_and_the_target():
                                 "1.5× target")
     assert c["claim_goal"] == "1.5× would take an acceptance of 0.72 (E = 2, d = 2, shortlist head)"
     c = ch07.claim_notes([(1.6, 1.6, "c", 1.55, 1.7)], need, False)
-    assert c["claim_speed"].endswith("(95% interval 1.55 to 1.70: faster than full depth)")     # the target met
+    assert c["claim_speed"].endswith("(95% interval 1.55 to 1.70: faster than full depth), at or above the 1.5× "
+                                     "target")     # the target met by all of the interval
+    held = ch07.claim_notes([(1.6, 1.6, "c", 1.45, 1.7)], need, False)["claim_speed"]
+    assert held.endswith("faster than full depth), an interval that holds the 1.5× target")
     assert c["claim_goal"] == "no acceptance at all reaches 1.5× with a draft from layer E"
     assert "slower than full depth), short of" in ch07.claim_notes([(0.5, 0.5, "d", 0.4, 0.6)], need, True)["claim_speed"]
     need.loc[2, "alpha"] = 0.8
@@ -160,6 +163,16 @@ def test_speed_notes_with_and_without_the_transformers_peer():
     assert peer["hf_goal"] == "meets" and peer["hf_lossless"] == 2 and peer["hf_gen_lossless"] == 2
     assert peer["engine_vs_hf"] == pytest.approx(1.125) and peer["method_vs_hf"] == pytest.approx(1.9 / 1.125)
     assert (peer["vs_hf_min"], peer["vs_hf_max"], peer["hf_tps"]) == (1.3, 1.9, 85.0)
+    straddle = ch07.speed_notes(best.copy().replace({1.7: 1.2}), _grid(), sp, eng, 69.8)
+    assert straddle["hf_goal"] == "neither clearly meets nor clearly misses"
+
+
+def test_meets_a_goal_by_its_interval_when_it_has_one():
+    assert ch07.meets(1.35, 1.3) == "meets" and ch07.meets(1.25, 1.3) == "misses"
+    assert ch07.meets(1.35, 1.3, 1.31, 1.4) == "meets" and ch07.meets(1.25, 1.3, 1.2, 1.29) == "misses"
+    assert ch07.meets(1.35, 1.3, 1.26, 1.44) == ch07.meets(1.24, 1.3, 1.15, 1.34) == (
+        "neither clearly meets nor clearly misses")
+    assert ch07.meets(1.35, 1.3, float("nan"), float("nan")) == "meets"
 
 
 def _eco(ours_best_skip: bool):
