@@ -1,7 +1,8 @@
 """Do two builds of the same commit quote the same speeds? Every paired ratio a page glues reads
 "r× [lo, hi]" (:mod:`earlyexit.chapters.words`); this module reads them from two folders of executed chapters
-and says, key by key, whether the two measurements agree within their intervals and give the same verdict; and which glued sentences change their words (numbers aside) between the two, since a
-verdict can also live in a sentence ("Batching the recompute pays" against "indistinguishable").
+and says, key by key, whether the two measurements agree within their intervals and give the same verdict; and
+which glued sentences change their words (numbers aside) between the two, since a verdict can also live in a
+sentence ("Batching the recompute pays" against "indistinguishable").
 
     python -m earlyexit.book.agreement book/generated-run1 book/generated      # a table and summary lines
     python -m earlyexit.book.agreement --clear-timed                            # before a second timing run
@@ -19,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..experiments.speeds import verdict
-from .consistency import glued, pages
+from .consistency import glued, is_figure, pages
 
 # the result-store kinds that hold wall-clock measurements (cleared between two timing runs)
 TIMED = ("timing", "timing_replay", "spec_point", "side_by_side", "paired_timing", "cost_units", "cost_units_paths",
@@ -100,8 +101,7 @@ def wording(a: Path, b: Path) -> pd.DataFrame:
         ga, gb = glued(nb), glued(other)
         for k in sorted(set(ga) & set(gb)):
             x, y = str(ga[k]), str(gb[k])
-            if (k.endswith("_cite") or x.startswith("<Figure") or not re.search(r"[^\W\d_]{2}", x)
-                    or RATIO.match(x.strip())):
+            if is_figure(k, x) or not re.search(r"[^\W\d_]{2}", x) or RATIO.match(x.strip()):
                 continue
             if NUMBER.sub("#", x) != NUMBER.sub("#", y):
                 rows.append({"page": nb.stem, "key": k, "a": x.strip("'\""), "b": y.strip("'\"")})

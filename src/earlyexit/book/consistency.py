@@ -40,8 +40,13 @@ def pages(folder: Path | None = None) -> list[Path]:
 PER_PAGE = frozenset({"threads", "threads_phrase", "n_new", "timing_prompts", "timing_repeats"})
 
 
+def is_figure(key: str, value) -> bool:
+    """A glued figure or a figure's citation note: per page, a slot rather than a fact or a sentence."""
+    return key.endswith("_cite") or str(value).startswith("<Figure")
+
+
 def _is_fact(key: str, value: str) -> bool:
-    return not (key in PER_PAGE or key.endswith("_cite") or str(value).startswith("<Figure"))
+    return not (key in PER_PAGE or is_figure(key, value))
 
 
 def conflicts(pages: dict) -> list[str]:

@@ -113,7 +113,8 @@ def speed_notes(best: pd.Series, grid: pd.DataFrame, sp: pd.DataFrame, eng_hf: p
     return {**out, "hf_lossless": int(grid["hf_lossless"].astype(bool).sum()), "best_vs_hf": float(best["vs_hf"]),
             "best_vs_hf_lo": float(best["vs_hf_lo"]), "best_vs_hf_hi": float(best["vs_hf_hi"]),
             "vs_hf_min": float(sp["vs_hf"].min()), "vs_hf_max": float(sp["vs_hf"].max()),
-            "hf_goal": meets(best["vs_hf"], PEER_GOAL, best["vs_hf_lo"], best["vs_hf_hi"]), "hf_tps": float(bg["hf_tok_s"].mean()),
+            "hf_goal": meets(best["vs_hf"], PEER_GOAL, best["vs_hf_lo"], best["vs_hf_hi"]),
+            "hf_tps": float(bg["hf_tok_s"].mean()),
             "engine_vs_hf": engine, "method_vs_hf": float(best["vs_hf"]) / engine,
             "hf_gen_lossless": int(eng_hf["lossless"].sum())}
 
