@@ -10,6 +10,17 @@ import torch
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _within_run_intervals():
+    """Each test starts with paired speeds' run-to-run spread at 0 (a bare library call's), whatever a test
+    before it set (chapter.setup sets it from a profile for the rest of its process)."""
+    from earlyexit.experiments import speeds
+
+    speeds.set_run_sd(0.0)
+    yield
+    speeds.set_run_sd(0.0)
+
+
 @pytest.fixture(scope="module")
 def counts_dir(tmp_path_factory):
     """One result cache for a test module: what it caches (the shortlist's token counts, about a million

@@ -44,6 +44,34 @@ def test_digits_follow_the_interval():
     assert wide["digits"] <= 1 < narrow["digits"]
 
 
+def test_the_run_to_run_spread_widens_the_interval_in_quadrature():
+    runs = _runs([[0.997], [0.998], [0.9975], [0.9985], [0.997], [0.998]], rounds=1)
+    tight = speeds.paired_ratio(runs)
+    assert tight["verdict"] == "slower" and tight["run_sd"] == 0.0, "a 0.2% effect, tight over prompts"
+    wide = speeds.paired_ratio(runs, run_sd=0.003)
+    assert wide["ratio"] == tight["ratio"] and wide["run_sd"] == 0.003
+    stat = math.log(tight["hi"] / tight["ratio"])
+    assert math.log(wide["hi"] / wide["ratio"]) == pytest.approx(math.hypot(stat, 1.96 * 0.003))
+    assert math.log(wide["ratio"] / wide["lo"]) == pytest.approx(math.hypot(stat, 1.96 * 0.003))
+    assert wide["verdict"] == "no different", "a second run could read it either side of 1.0"
+    big = speeds.paired_ratio(_runs([[1.30], [1.31], [1.29], [1.30]], rounds=1), run_sd=0.003)
+    assert big["verdict"] == "faster", "a 30% effect stays clear"
+
+
+def test_the_process_wide_spread_is_what_a_bare_call_adds_and_bad_values_are_refused():
+    runs = _runs([[0.99, 1.0], [1.01, 1.0], [1.0, 1.0]])
+    speeds.set_run_sd(0.01)
+    assert speeds.run_sd() == 0.01 and speeds.paired_ratio(runs)["run_sd"] == 0.01
+    assert speeds.paired_ratio(runs, run_sd=0.0)["run_sd"] == 0.0, "an explicit value wins"
+    one = speeds.paired_ratio(_runs([[1.2]], rounds=1))
+    assert math.isnan(one["lo"]) and one["verdict"] == "no different", "one run: still no interval"
+    for bad in (-0.001, float("nan"), 1.0):
+        with pytest.raises(ValueError, match=r"run-to-run spread must be a number in \[0, 1\)"):
+            speeds.set_run_sd(bad)
+    with pytest.raises(ValueError, match="run_sd must be a number >= 0, got -1"):
+        speeds.paired_ratio(runs, run_sd=-1)
+
+
 def test_paired_runs_alternate_and_take_the_prompt_pass_out(tmp_path, monkeypatch):
     monkeypatch.setattr("earlyexit.paths.CACHE", tmp_path)
     lm = load_model("tiny-llama")

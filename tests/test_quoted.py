@@ -40,6 +40,9 @@ def test_protocol_note_counts_in_words_and_refuses_nothing_timed():
     assert "on 1 prompt," in one and "for 1 round," in one and one.endswith("1 prompt, the fastest of 2 runs each")
     with pytest.raises(ValueError, match="must each be >= 1, got 0, 3, 4, 1"):
         quoted.protocol_note(0, 3, 4)
+    assert "its 95% interval is the t-interval over prompts." in n
+    spread = quoted.protocol_note(6, 3, 4, run_sd=0.003)
+    assert "a run-to-run spread of 0.3% (one standard deviation of one ratio between timing runs" in spread
 
 
 def test_the_claim_is_the_cost_models_first_timed_paired():

@@ -2,6 +2,8 @@
 says faster or slower only when the interval excludes 1.0 (each branch)."""
 import math
 
+import pytest
+
 from earlyexit.chapters import words
 
 
@@ -38,3 +40,12 @@ def test_each_verdict():
         "SkipDecode runs at 1.02× [0.97, 1.07] the speed of full depth: no measurable difference."
     assert words.sentence("Eager recompute", _s(0.9, 0.85, 0.95, "slower")).endswith(": slower.")
     assert words.sentence("A", _s(1.5, 1.4, 1.6, "faster")).endswith("full depth: faster.")
+
+
+def test_the_interval_rule_names_the_run_to_run_spread_only_when_there_is_one():
+    assert words.interval_rule(0.0) == "its 95% interval is the t-interval over prompts"
+    r = words.interval_rule(0.003)
+    assert "t-interval over prompts with a run-to-run spread of 0.3% (one standard deviation of one ratio between timing runs" in r
+    assert "of 1.2%" in words.interval_rule(0.0125)
+    with pytest.raises(ValueError, match="run_sd must be a number >= 0"):
+        words.interval_rule(-0.1)

@@ -5,7 +5,8 @@
     P, lm, es, note = C.P, C.lm, C.es, C.note
 
 :func:`setup` checks the notebook's parameters (one clear error for a wrong or misspelt one), quiets the
-libraries' warnings and progress bars inside the book, sets the torch thread count and the seed, applies the
+libraries' warnings and progress bars inside the book, sets the torch thread count, the seed and the run-to-run
+spread every speed interval adds (:func:`earlyexit.experiments.speeds.set_run_sd`), applies the
 figure style, makes the figures a page shows SVG (:func:`inline_svg`), loads the model, builds the evaluation
 prompt set (when the chapter has one), collects the provenance record and glues the facts every chapter's prose
 may cite (model name, depth, prompt count, ...).
@@ -142,12 +143,14 @@ def setup(notebook: str, namespace: dict, *, model: bool = True, prompts: bool =
     from ..engine.models import load_model
     from ..engine.threads import set_threads
     from . import figures, provenance
+    from ..experiments import speeds
     from ..experiments.evalset import eval_set
 
     P = params.check(notebook, namespace)
     quiet()
     retain_freed_memory()
     threads = set_threads(P.get("threads", 0))
+    speeds.set_run_sd(P.timing_run_sd)
     torch.manual_seed(P.seed)
     figures.setup_style()
     inline_svg()

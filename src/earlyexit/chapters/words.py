@@ -16,6 +16,19 @@ def _num(x: float, digits: int) -> str:
     return f"{x:.{digits}f}"
 
 
+def interval_rule(run_sd: float) -> str:
+    """How a paired speed's 95% interval is made, as a clause for a page's protocol sentence ("…; the speed is
+    the geometric mean over prompts of each prompt's ratio, and <this>"): the t-interval over prompts, widened
+    by the run-to-run spread ``run_sd`` (log-space standard deviation, :func:`earlyexit.experiments.speeds.set_run_sd`)
+    when it is not 0."""
+    if not (math.isfinite(run_sd) and run_sd >= 0):
+        raise ValueError(f"run_sd must be a number >= 0, got {run_sd!r}")
+    if run_sd == 0:
+        return "its 95% interval is the t-interval over prompts"
+    return (f"its 95% interval combines the t-interval over prompts with a run-to-run spread of "
+            f"{100 * run_sd:.2g}% (one standard deviation of one ratio between timing runs of the same commit)")
+
+
 def has_interval(s: dict) -> bool:
     """Whether the ratio came with an interval (more than one prompt or round was timed)."""
     return math.isfinite(s.get("lo", math.nan)) and math.isfinite(s.get("hi", math.nan))

@@ -103,5 +103,5 @@ def spec_bounds(name: str, exit_layer: int, draft_len: int, n_new: int = 16, n_p
 
     params = {"shape": name, "E": exit_layer, "d": draft_len, "n_new": n_new, "prompts": n_prompts,
               "prompt_len": prompt_len, "rounds": rounds, "dtype": dtype, "seed": seed,
-              "threads": torch.get_num_threads(), **costmodel.machine_id()}
+              "threads": torch.get_num_threads(), "run_sd": speeds.run_sd(), **costmodel.machine_id()}
     return store.cached("shape_spec", params, compute, model=f"random:{name}")

@@ -1,5 +1,5 @@
 """A speed ratio from paired timings (:mod:`earlyexit.experiments.timing`): the geometric mean over prompts of
-each prompt's ratio (its median over rounds), a 95% t-interval, a verdict ("faster", "slower") only when the
+each prompt's ratio (its median over rounds), a 95% interval, a verdict ("faster", "slower") only when the
 interval excludes 1.0, and the decimals the interval supports. Kept apart from the timing code, whose changes
 re-time every entry, so that the statistics can change without re-timing.
 
@@ -11,6 +11,27 @@ import math
 
 import numpy as np
 import pandas as pd
+
+# The run-to-run spread of a paired ratio: the standard deviation, in log space, of one configuration's ratio
+# between independent timing runs of one commit, beyond what the spread over prompts inside one run shows (the
+# process, its memory placement, what the other core does). A book page sets it from its profile
+# (:func:`set_run_sd`, called by ``chapter.setup``); a bare library call leaves it 0, the within-run interval.
+_RUN_SD = 0.0
+
+
+def set_run_sd(sd: float) -> None:
+    """Set the run-to-run spread (log-space standard deviation, >= 0) that :func:`paired_ratio` adds to every
+    interval from here on, in this process."""
+    global _RUN_SD
+    sd = float(sd)
+    if not (math.isfinite(sd) and 0.0 <= sd < 1.0):
+        raise ValueError(f"the run-to-run spread must be a number in [0, 1), got {sd!r}")
+    _RUN_SD = sd
+
+
+def run_sd() -> float:
+    """The run-to-run spread :func:`paired_ratio` adds now (see :func:`set_run_sd`)."""
+    return _RUN_SD
 
 
 # two-sided 95% quantiles of Student's t, by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
@@ -31,30 +52,36 @@ def verdict(lo: float, hi: float) -> str:
     return "faster" if lo > 1.0 else "slower" if hi < 1.0 else "no different"
 
 
-def paired_ratio(runs: pd.DataFrame) -> dict:
+def paired_ratio(runs: pd.DataFrame, run_sd: float | None = None) -> dict:
     """The method's speed relative to its reference from :func:`~earlyexit.experiments.timing.paired_runs` rows (``group``, ``round``,
     ``ratio``): each group's median ratio over rounds, their geometric mean over groups (``ratio``) and its 95%
-    t-interval over groups (``lo``, ``hi``); with a single group, the mean and t-interval of its rounds' log
-    ratios. ``verdict`` is "faster" or "slower" only when the interval excludes 1.0, else "no different" (also
-    when one run leaves no interval: ``lo`` and ``hi`` NaN); ``digits`` is how many decimals the interval
-    supports (its half-width to one significant figure, 1 to 3)."""
+    interval (``lo``, ``hi``): the t-interval over groups (with a single group, over its rounds' log ratios), its
+    half-width in log space combined in quadrature with 1.96 run-to-run standard deviations ``run_sd`` (default:
+    :func:`run_sd`), so that the interval covers what a second timing run of the same commit would read, not only
+    this run's prompts. ``verdict`` is "faster" or "slower" only when the interval excludes 1.0, else "no
+    different" (also when one run leaves no interval: ``lo`` and ``hi`` NaN); ``digits`` is how many decimals the
+    interval supports (its half-width to one significant figure, 1 to 3); ``run_sd`` is the term used."""
+    sd = _RUN_SD if run_sd is None else float(run_sd)
+    if not (math.isfinite(sd) and sd >= 0.0):
+        raise ValueError(f"run_sd must be a number >= 0, got {run_sd!r}")
     per = np.log(runs.groupby("group")["ratio"].median().to_numpy())
     logs = per if len(per) > 1 else np.log(runs["ratio"].to_numpy())
     m = float(logs.mean())
     if len(logs) > 1:
-        half = t975(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+        stat = t975(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+        half = math.hypot(stat, 1.96 * sd)
         lo, hi = math.exp(m - half), math.exp(m + half)
     else:
         lo = hi = float("nan")
     width = (hi - lo) / 2 if math.isfinite(lo) else 0.005
     digits = max(1, min(3, -int(math.floor(math.log10(max(width, 1e-12))))))
     return {"ratio": math.exp(m), "lo": lo, "hi": hi, "verdict": verdict(lo, hi), "digits": digits,
-            "groups": int(len(per)), "rounds": int(runs["round"].nunique())}
+            "groups": int(len(per)), "rounds": int(runs["round"].nunique()), "run_sd": sd}
 
 
 def speed(tp: pd.DataFrame) -> dict:
     """The speed relative to full depth of a :func:`~earlyexit.experiments.timing.time_point` table (or several concatenated rows of one
-    configuration), as :func:`paired_ratio` gives it: ratio, lo, hi, verdict, digits, groups, rounds."""
+    configuration), as :func:`paired_ratio` gives it: ratio, lo, hi, verdict, digits, groups, rounds, run_sd."""
     rows = [{"group": i, "round": k, "ratio": float(x)}
             for i, r in enumerate(tp.itertuples()) for k, x in enumerate(str(r.round_ratios).split())]
     return paired_ratio(pd.DataFrame(rows))
@@ -63,7 +90,7 @@ def speed(tp: pd.DataFrame) -> dict:
 def speed_table(times: pd.DataFrame, by: str) -> pd.DataFrame:
     """:func:`speed` of each configuration in ``times`` (concatenated :func:`~earlyexit.experiments.timing.time_point` tables told apart by
     column ``by``), in their order of appearance: one row per configuration, columns ratio, lo, hi, verdict,
-    digits, groups, rounds."""
+    digits, groups, rounds, run_sd."""
     names = list(dict.fromkeys(times[by]))
     return pd.DataFrame([speed(times[times[by] == n]) for n in names], index=pd.Index(names, name=by))
 
