@@ -78,6 +78,27 @@ def test_executes_with_profile_parameters_then_skips_until_rerun(book, capsys):
     assert out_path.stat().st_mtime_ns != mtime
 
 
+def test_retime_clears_the_timings_and_nothing_else_then_executes_again(book, capsys, monkeypatch):
+    from earlyexit import store
+    from earlyexit.book.agreement import TIMED
+
+    monkeypatch.setattr(paths, "CACHE", book / "cache")
+    for name in ("paired_timing", "shape_units", "point", "drift"):
+        store.cached(name, {"k": 1}, lambda: {"v": 1.0}, model="m")
+    files = sum(1 for n in ("paired_timing", "shape_units") for p in (book / "cache" / n).glob("*") if p.is_file())
+    assert runner.main(["--profile", "t", "--only", "zz_ok", "--no-build"]) == 0
+    out_path = book / "book" / "generated" / "zz_ok.ipynb"
+    mtime = out_path.stat().st_mtime_ns
+    capsys.readouterr()
+    assert runner.main(["--profile", "t", "--only", "zz_ok", "--no-build", "--retime"]) == 0
+    out = capsys.readouterr().out
+    assert files >= 2 and f"cleared {files} timed result files" in out and "up to date" not in out
+    assert out_path.stat().st_mtime_ns != mtime, "--retime executes again, as --rerun does"
+    assert not store.has("paired_timing", {"k": 1}, model="m") and not store.has("shape_units", {"k": 1}, model="m")
+    assert store.has("point", {"k": 1}, model="m") and store.has("drift", {"k": 1}, model="m"), "the rest is kept"
+    assert {"paired_timing", "shape_units"} <= set(TIMED)
+
+
 def test_failed_notebook_stops_names_the_error_and_keeps_partial_output_apart(book, capsys):
     rc = runner.main(["--profile", "t", "--only", "zz_fail", "zz_ok", "--no-build"])
     assert rc == 1

@@ -8,7 +8,8 @@ sentence ("Batching the recompute pays" against "indistinguishable").
     python -m earlyexit.book.agreement --clear-timed                            # before a second timing run
 
 A second timing run costs far less than a second build: clear the timed entries (:data:`TIMED`,
-:func:`clear_timed`), keep the rest of the result store, and run the book again.
+:func:`clear_timed`), keep the rest of the result store, and run the book again; ``python -m earlyexit book
+--retime`` does both.
 """
 from __future__ import annotations
 
