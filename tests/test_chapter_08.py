@@ -136,6 +136,29 @@ def test_batch_notes_and_table():
     assert list(t["speed / full depth [95% CI]"]) == ["1.30× [1.25, 1.35]", "0.70× [0.65, 0.75]"]
 
 
+def test_batch_speeds_ask_for_chapter_fives_timings(monkeypatch):
+    """Chapter 8 quotes the rule's batch-1 speed chapter 5 measured: the same prompts and rounds, so the same
+    store entry (it once timed 2 prompts where chapter 5 timed 6: 0.4x [0.1, 1.4] beside 0.4x [0.3, 0.6])."""
+    from earlyexit.chapters import batches
+    from earlyexit.engine.models import load_model
+    from earlyexit.experiments import evalset
+
+    asked = []
+
+    def fake(lm, es, n_new, cfg, batch=1, repeats=2):
+        asked.append((len(es), batch, repeats, cfg.strategy))
+        return pd.DataFrame({"round_ratios": ["0.9 0.91 0.92"] * len(es), "layers": [20.0] * len(es)})
+
+    monkeypatch.setattr(batches.timing, "time_point", fake)
+    lm = load_model("tiny-llama")
+    es = evalset.eval_set(lm, "mix", 12, 0, 64)
+    P = {"min_layer": 0, "rule": "softmax", "operating_threshold": 0.99, "batch_sizes": [1, 8],
+         "timing_repeats": 1}
+    bt = batches.batch_speeds(lm, es, 4, P, {"timing_prompts": 6, "timing_repeats": 3})
+    assert asked == [(6, 1, 3, "copy-forward"), (8, 8, 3, "copy-forward")]
+    assert list(bt.index) == [1, 8] and bt.loc[1, "verdict"] == "slower"
+
+
 def _best():
     rows = [("released", "self-speculation", "self-spec E=4 d=2", 11.1, 1.0, 0.6, True),
             ("released", "lazy-recompute", "softmax 0.9 / lazy-recompute", 6.0, 1.0, 0.45, True),

@@ -1,7 +1,8 @@
 """Chapter 8's batching paragraph: the confidence rule with copy-forward timed in turn with full depth at each
 batch size, and the claim the verdicts support.
 
-    bt = batches.batch_speeds(lm, es, n_new, P)   # paired speed over full depth per batch size
+    bt = batches.batch_speeds(lm, es, n_new, P, P5)   # paired speed over full depth per batch size, timed as
+                                                      # chapter 5 times it (P5: its parameters)
     batches.batch_notes(bt)                       # the glued words, with batch_claim
 """
 from __future__ import annotations
@@ -35,17 +36,18 @@ def batch_claim(lo: dict, hi: dict) -> str:
     return "Neither alone nor in a batch does the rule measurably differ from the full model in speed."
 
 
-def batch_speeds(lm, es, n_new: int, P) -> pd.DataFrame:
+def batch_speeds(lm, es, n_new: int, P, timed) -> pd.DataFrame:
     """The ``P["rule"]`` rule with copy-forward at the operating threshold, timed in turn with full depth
     (:func:`earlyexit.experiments.timing.time_point`) at each batch size of ``P["batch_sizes"]`` (at most the
-    prompt count): its paired speed over full depth (ratio, lo, hi, verdict, digits) and layers per token,
-    indexed by batch."""
+    prompt count) as chapter 5 times it: ``timed`` is chapter 5's parameters, whose ``timing_prompts`` prompts
+    (at batch 1) and ``timing_repeats`` rounds make the very entries chapter 5 quotes, one value per fact. Its
+    paired speed over full depth (ratio, lo, hi, verdict, digits) and layers per token, indexed by batch."""
     ml = points.default_min_layer(P["min_layer"], lm.num_layers)
     cf = DecodeConfig.early_exit(P["rule"], "copy-forward", min_layer=ml, threshold=P["operating_threshold"])
     rows = []
     for B in sorted({min(b, len(es)) for b in P["batch_sizes"]}):
-        s = es.subset(min(len(es), max(2, B))) if B == 1 else es.subset(B)
-        rule_t = timing.time_point(lm, s, n_new, cf, batch=B, repeats=max(2, int(P["timing_repeats"])))
+        s = es.subset(min(len(es), int(timed["timing_prompts"]))) if B == 1 else es.subset(B)
+        rule_t = timing.time_point(lm, s, n_new, cf, batch=B, repeats=int(timed["timing_repeats"]))
         rows.append({"batch": B, **speeds.speed(rule_t), "layers": float(rule_t["layers"].mean())})
     return pd.DataFrame(rows).set_index("batch")
 
