@@ -10,9 +10,7 @@ parameters are the profile's ``common:`` section, then the profile's section for
 A notebook whose executed copy already holds the same run hash (parameters, source, and the library code
 its imports reach) is skipped unless ``--rerun``. A notebook is executed into a temporary file that is
 renamed into place only when every cell ran; a failure stops the run, names the notebook and the
-failing cell's error, and keeps the partial output at ``book/generated/<name>.failed.ipynb``. ``--retime``
-clears the store's timings, and only them (:func:`earlyexit.book.agreement.clear_timed`), and executes again:
-a second, independent timing run of the same commit.
+failing cell's error, and keeps the partial output at ``book/generated/<name>.failed.ipynb``.
 With ``jobs`` above 1 (the profile's ``jobs:``, or ``--jobs``) up to that many notebooks execute at once, each
 in a child process with its output in ``book/generated/.logs/<name>.log``: a notebook whose ``threads`` is not 1
 (it takes every core) and the front page run alone, the former first, the rest in book order. Results two
@@ -297,10 +295,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", metavar="NAME", default=None,
                    help="execute only these notebooks (names as in _toc.yml, e.g. 01_kv_cache_invariant)")
     p.add_argument("--rerun", action="store_true", help="execute even if the executed copy is up to date")
-    p.add_argument("--retime", action="store_true",
-                   help="clear every timing in the result store (nothing else) and execute every selected notebook "
-                        "again (implies --rerun): a second, independent timing run of the same commit; keep a copy "
-                        "of book/generated first to compare the two with python -m earlyexit.book.agreement")
+    p.add_argument("--retime", action="store_true", help="clear the result store's timings (nothing else) and "
+                   "execute again (implies --rerun): a second timing run; compare with earlyexit.book.agreement")
     p.add_argument("--no-build", action="store_true", help="execute only; do not build the HTML")
     p.add_argument("--no-strict", action="store_true", help="build without -W -n (warnings not errors)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
@@ -362,7 +358,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profile {profile.name}: {profile.description}".rstrip(": "), flush=True)
     if args.retime:
         from .agreement import clear_timed
-
         print(f"cleared {clear_timed()} timed result files; every selected notebook executes again", flush=True)
         args.rerun = True
     todo = {}
