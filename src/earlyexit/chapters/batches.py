@@ -3,7 +3,7 @@ batch size, and the claim the verdicts support.
 
     bt = batches.batch_speeds(lm, es, n_new, P, P5)   # paired speed over full depth per batch size, timed as
                                                       # chapter 5 times it (P5: its parameters)
-    batches.batch_notes(bt)                       # the glued words, with batch_claim
+    batches.batch_notes(bt)                           # the glued words, with batch_claim
 """
 from __future__ import annotations
 
