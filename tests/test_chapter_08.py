@@ -149,13 +149,13 @@ def test_batch_speeds_ask_for_chapter_fives_timings(monkeypatch):
         asked.append((len(es), batch, repeats, cfg.strategy))
         return pd.DataFrame({"round_ratios": ["0.9 0.91 0.92"] * len(es), "layers": [20.0] * len(es)})
 
-    monkeypatch.setattr(batches.timing, "time_point", fake)
+    monkeypatch.setattr(batches.grouped.timing, "time_point", fake)
     lm = load_model("tiny-llama")
     es = evalset.eval_set(lm, "mix", 12, 0, 64)
     P = {"min_layer": 0, "rule": "softmax", "operating_threshold": 0.99, "batch_sizes": [1, 8],
          "timing_repeats": 1}
-    bt = batches.batch_speeds(lm, es, 4, P, {"timing_prompts": 6, "timing_repeats": 3})
-    assert asked == [(6, 1, 3, "copy-forward"), (8, 8, 3, "copy-forward")]
+    bt = batches.batch_speeds(lm, es, 4, P, {"timing_prompts": 6, "timing_repeats": 3, "batch_groups": 2})
+    assert asked == [(6, 1, 3, "copy-forward")] + [(8, 8, 3, "copy-forward")] * 2, "chapter 5's groups too"
     assert list(bt.index) == [1, 8] and bt.loc[1, "verdict"] == "slower"
 
 

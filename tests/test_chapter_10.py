@@ -91,3 +91,22 @@ def test_oracle_bound_and_batches():
     notes = ch10.oracle_notes(exits, 30, ch10.head_share_of(cfg), [1, 64])
     assert notes["pays_batch_hi"] == 64 and "batching erases the saving" in notes["batch_sentence"]
     assert math.isclose(notes["batch_hi_bound"], 1.0, abs_tol=1e-3)
+
+
+def test_bounds_at_a_shape_keep_the_timings_and_summarize_them_on_every_call(tmp_path, monkeypatch):
+    """The shape_spec entry holds each construction's paired rounds, not their summary: the run-to-run spread of
+    the reading process widens the interval without a second timing (it once keyed the entry, so that a change
+    of the spread re-timed every bound)."""
+    from earlyexit.experiments import atshape, speeds
+
+    monkeypatch.setattr("earlyexit.paths.CACHE", tmp_path)
+    b = atshape.spec_bounds("SmolLM2-135M", exit_layer=20, draft_len=2, n_new=4, n_prompts=2, prompt_len=8, rounds=1)
+    assert list(b["construction"]) == list(atshape.CONSTRUCTIONS) and b["lossless"].all()
+    assert (b["lo"] <= b["ratio"]).all() and (b["ratio"] <= b["hi"]).all()
+    assert all(len(r.split()) == 2 for r in b["runs"]), "2 prompts x 1 round each"
+    entries = sorted((tmp_path / "shape_spec").glob("*.json"))
+    speeds.set_run_sd(0.05)
+    wide = atshape.spec_bounds("SmolLM2-135M", exit_layer=20, draft_len=2, n_new=4, n_prompts=2, prompt_len=8,
+                               rounds=1)
+    assert sorted((tmp_path / "shape_spec").glob("*.json")) == entries, "read back, not timed again"
+    assert (wide["ratio"] == b["ratio"]).all() and ((wide["hi"] - wide["lo"]) > (b["hi"] - b["lo"])).all()

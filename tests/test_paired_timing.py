@@ -66,9 +66,9 @@ def test_the_process_wide_spread_is_what_a_bare_call_adds_and_bad_values_are_ref
     one = speeds.paired_ratio(_runs([[1.2]], rounds=1))
     assert math.isnan(one["lo"]) and one["verdict"] == "no different", "one run: still no interval"
     for bad in (-0.001, float("nan"), 1.0):
-        with pytest.raises(ValueError, match=r"run-to-run spread must be a number in \[0, 1\)"):
+        with pytest.raises(ValueError, match=r"run-to-run spread \(run_sd\) must be a number in \[0, 1\)"):
             speeds.set_run_sd(bad)
-    with pytest.raises(ValueError, match="run_sd must be a number >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"run-to-run spread \(run_sd\) must be a number in \[0, 1\), got -1"):
         speeds.paired_ratio(runs, run_sd=-1)
 
 
@@ -92,3 +92,37 @@ def test_paired_runs_alternate_and_take_the_prompt_pass_out(tmp_path, monkeypatc
     assert 0 < sp.meta["prefill_s"] < sp.wall_s
     hf = decode(lm, es.ids[:1], DecodeConfig.hf_generate(), 6, stop_at_eos=False)
     assert math.isnan(hf.meta["prefill_s"]) and timing.decode_seconds(hf) == hf.wall_s
+
+
+def test_a_batch_is_timed_as_several_groups_and_its_interval_is_over_them(tmp_path, monkeypatch):
+    """A batch's speed from one group of prompts had an interval over its rounds only, and one outlier round put
+    SkipDecode at batch 8 at 1.1x [1.0, 1.3] in one timing run and 1.15x [1.11, 1.20] in the next: each disjoint
+    group is now a cached entry of its own and the interval is over the groups."""
+    from earlyexit.experiments import grouped
+
+    monkeypatch.setattr("earlyexit.paths.CACHE", tmp_path)
+    lm = load_model("tiny-llama")
+    es = evalset.eval_set(lm, "mix", 4, 0, 64)
+    sets = grouped.batch_sets(lm, es, [2, 1, 2], groups=3, single=es.subset(2))
+    assert list(sets) == [1, 2] and sets[1] is sets[1] and len(sets[1]) == 2 and len(sets[2]) == 6
+    again = grouped.batch_sets(lm, es, [2], groups=3, single=es.subset(2))
+    assert again[2].ids == sets[2].ids and again[2].spec == sets[2].spec, "every chapter times the same prompts"
+    cfg = DecodeConfig.early_exit("static", "naive-mask", layer=2)
+    t = grouped.time_groups(lm, sets[2], 4, cfg, batch=2, repeats=1)
+    assert list(t["group"]) == [0, 1, 2] and (t["batch"] == 2).all()
+    assert all(len(r.split()) == timing.BATCH_ROUNDS for r in t["round_ratios"])
+    s = speeds.speed(t)
+    assert s["groups"] == 3 and s["lo"] <= s["ratio"] <= s["hi"]
+    # each group is one time_point entry: asking again reads them back
+    assert len(list((tmp_path / "timing").glob("*.json"))) == 3
+    assert grouped.time_groups(lm, sets[2], 4, cfg, batch=2, repeats=1)["round_ratios"].tolist() == \
+        t["round_ratios"].tolist()
+    assert len(list((tmp_path / "timing").glob("*.json"))) == 3
+    one = grouped.time_groups(lm, sets[1], 4, cfg, batch=1, repeats=1)
+    assert len(one) == 2 and "group" not in one, "batch 1: a row per prompt, time_point's own"
+    with pytest.raises(ValueError, match="groups"):
+        grouped.batch_sets(lm, es, [2], groups=0, single=es)
+    with pytest.raises(ValueError, match="batch sizes"):
+        grouped.batch_sets(lm, es, [0, 2], groups=2, single=es)
+    with pytest.raises(ValueError, match="batch must be"):
+        grouped.time_groups(lm, es.subset(2), 4, cfg, batch=3, repeats=1)

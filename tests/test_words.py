@@ -47,5 +47,5 @@ def test_the_interval_rule_names_the_run_to_run_spread_only_when_there_is_one():
     r = words.interval_rule(0.003)
     assert "t-interval over prompts with a run-to-run spread of 0.3% (one standard deviation of one ratio between timing runs" in r
     assert "of 1.2%" in words.interval_rule(0.0125)
-    with pytest.raises(ValueError, match="run_sd must be a number >= 0"):
+    with pytest.raises(ValueError, match=r"run-to-run spread \(run_sd\) must be a number in \[0, 1\)"):
         words.interval_rule(-0.1)

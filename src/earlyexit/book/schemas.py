@@ -133,6 +133,8 @@ SKIPDECODE = register(
         timing_prompts=Param(int, 6, "prompts timed one by one at batch 1", range=(1, 10_000)),
         timing_repeats=Param(int, 2, "timing rounds: the method and full depth in turn on each prompt, the order "
                             "alternating", range=(1, 100)),
+        batch_groups=Param(int, 3, "disjoint groups of prompts timed at each batch size above 1 (the interval is "
+                           "over groups)", range=(1, 1000)),
     ),
 )
 
@@ -279,6 +281,8 @@ WHERE_TIME_GOES = register(
         epsilon=Param(float, 0.1, "risk tolerance: mean 1 - ROUGE-L vs the full model allowed", range=(1e-6, 0.999999)),
         delta=Param(float, 0.1, "failure probability of the guarantee", range=(1e-6, 0.999999)),
         batch_sizes=Param(list, [1, 8], "batch sizes of the closing comparison", item=int, range=(1, 4096)),
+        batch_groups=Param(int, 3, "disjoint groups of prompts timed at each batch size above 1 (the interval is "
+                           "over groups)", range=(1, 1000)),
         consistency_floor=Param(float, 0.9, "consistency a method must keep for its speed to count", range=(0.0, 1.0)),
         speed_goal=Param(float, 1.2, "speed-up over full depth the issue sets as a target", range=(0.0, 100.0)),
         error_goal=Param(float, 0.15, "median relative error the cost model must stay under", range=(0.0, 10.0)),

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..book import plots
 from ..engine import DecodeConfig
-from ..experiments import points, speeds, timing
+from ..experiments import grouped, points, speeds
 from . import words
 
 
@@ -38,16 +38,17 @@ def batch_claim(lo: dict, hi: dict) -> str:
 
 def batch_speeds(lm, es, n_new: int, P, timed) -> pd.DataFrame:
     """The ``P["rule"]`` rule with copy-forward at the operating threshold, timed in turn with full depth
-    (:func:`earlyexit.experiments.timing.time_point`) at each batch size of ``P["batch_sizes"]`` (at most the
-    prompt count) as chapter 5 times it: ``timed`` is chapter 5's parameters, whose ``timing_prompts`` prompts
-    (at batch 1) and ``timing_repeats`` rounds make the very entries chapter 5 quotes, one value per fact. Its
+    (:func:`earlyexit.experiments.grouped.time_groups`) at each batch size of ``P["batch_sizes"]`` as chapter 5
+    times it: ``timed`` is chapter 5's parameters, whose ``timing_prompts`` prompts (at batch 1), ``batch_groups``
+    groups of prompts (in a batch) and ``timing_repeats`` rounds make the very entries chapter 5 quotes, one
+    value per fact. Its
     paired speed over full depth (ratio, lo, hi, verdict, digits) and layers per token, indexed by batch."""
     ml = points.default_min_layer(P["min_layer"], lm.num_layers)
     cf = DecodeConfig.early_exit(P["rule"], "copy-forward", min_layer=ml, threshold=P["operating_threshold"])
     rows = []
-    for B in sorted({min(b, len(es)) for b in P["batch_sizes"]}):
-        s = es.subset(min(len(es), int(timed["timing_prompts"]))) if B == 1 else es.subset(B)
-        rule_t = timing.time_point(lm, s, n_new, cf, batch=B, repeats=int(timed["timing_repeats"]))
+    single = es.subset(min(len(es), int(timed["timing_prompts"])))
+    for B, s in grouped.batch_sets(lm, es, P["batch_sizes"], int(timed["batch_groups"]), single).items():
+        rule_t = grouped.time_groups(lm, s, n_new, cf, batch=B, repeats=int(timed["timing_repeats"]))
         rows.append({"batch": B, **speeds.speed(rule_t), "layers": float(rule_t["layers"].mean())})
     return pd.DataFrame(rows).set_index("batch")
 

@@ -10,7 +10,7 @@ from matplotlib.lines import Line2D
 
 from ..book import figures, plots
 from ..engine import DecodeConfig
-from ..experiments import compare, costmodel, costs, frontier, points, speeds, timing
+from ..experiments import compare, costmodel, costs, frontier, grouped, points, speeds, timing
 from . import words
 
 EE = DecodeConfig.early_exit
@@ -380,14 +380,14 @@ def frontier_notes(front: pd.DataFrame, key: str, L: int, floor: float) -> dict:
 # --------------------------------------------------------------------------------------------- where it pays
 def batch_table(P, lm, es, tset, classifier: str) -> pd.DataFrame:
     """:data:`BATCH_METHODS` at each batch size of ``P.batch_sizes`` (cached timings; batch 1 on the timed prompts
-    ``tset``): tok_s, and the paired speed over full depth at the same batch (:func:`earlyexit.experiments.speeds.speed`:
+    ``tset``, a larger batch on ``P.batch_groups`` disjoint groups of prompts: :mod:`earlyexit.experiments.grouped`):
+    tok_s, and the paired speed over full depth at the same batch (:func:`earlyexit.experiments.speeds.speed`:
     ratio, lo, hi, verdict, digits; ``speed vs full`` = ratio; ``speed / full depth [95% CI]`` in words)."""
     ms = methods(P, lm, classifier)
     rows = []
-    for B in sorted({min(b, len(es)) for b in P.batch_sizes}):
-        sub = tset if B == 1 else es.subset(B)
+    for B, sub in grouped.batch_sets(lm, es, P.batch_sizes, P.batch_groups, tset).items():
         for name in BATCH_METHODS:
-            t = timing.time_point(lm, sub, P.max_new_tokens, ms[name], batch=B, repeats=P.timing_repeats)
+            t = grouped.time_groups(lm, sub, P.max_new_tokens, ms[name], batch=B, repeats=P.timing_repeats)
             rows.append({"batch": B, "method": name, "tok_s": float(t["tok_s"].mean()), **speeds.speed(t)})
     bt = pd.DataFrame(rows)
     bt["speed vs full"] = bt["ratio"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from ..experiments import speeds
+
 
 def _num(x: float, digits: int) -> str:
     return f"{x:.{digits}f}"
@@ -21,8 +23,7 @@ def interval_rule(run_sd: float) -> str:
     the geometric mean over prompts of each prompt's ratio, and <this>"): the t-interval over prompts, widened
     by the run-to-run spread ``run_sd`` (log-space standard deviation, :func:`earlyexit.experiments.speeds.set_run_sd`)
     when it is not 0."""
-    if not (math.isfinite(run_sd) and run_sd >= 0):
-        raise ValueError(f"run_sd must be a number >= 0, got {run_sd!r}")
+    run_sd = speeds.checked_run_sd(run_sd)
     if run_sd == 0:
         return "its 95% interval is the t-interval over prompts"
     return (f"its 95% interval combines the t-interval over prompts with a run-to-run spread of "

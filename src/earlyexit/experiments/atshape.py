@@ -13,6 +13,7 @@ Nothing is built when the result is in the store.
 """
 from __future__ import annotations
 
+import pandas as pd
 import torch
 
 from .. import store
@@ -78,7 +79,9 @@ def spec_bounds(name: str, exit_layer: int, draft_len: int, n_new: int = 16, n_p
     ``name`` built to accept every draft and built to reject them: each timed against full depth on the same
     random prompts, in turn, ``rounds`` times (:func:`earlyexit.experiments.timing.paired_runs`). One row per
     construction: acceptance (measured), ratio (speed relative to full depth, geometric mean over prompts), lo, hi
-    (its 95% interval), verdict, lossless (the output equals full depth's on every prompt). Cached."""
+    (its 95% interval), verdict, lossless (the output equals full depth's on every prompt). Cached: the timings
+    (``runs``, each ``group:round:ratio``) and what was decoded; the ratio and its interval are summarized from them
+    on every call (:func:`earlyexit.experiments.speeds.paired_ratio`, with this process's run-to-run spread)."""
     s = shapes.shape(name)
     if not 1 <= exit_layer < s.layers:
         raise ValueError(f"exit_layer must be in [1, {s.layers - 1}] for {name}, got {exit_layer}")
@@ -92,10 +95,9 @@ def spec_bounds(name: str, exit_layer: int, draft_len: int, n_new: int = 16, n_p
             runs = timing.paired_runs(model, es, n_new, cfg, rounds=rounds)
             sp = decode(model, es.ids, cfg, n_new, stop_at_eos=False)
             full = decode(model, es.ids, DecodeConfig.full(), n_new, stop_at_eos=False)
-            summary = speeds.paired_ratio(runs)
             rows.append({"shape": name, "construction": construction, "E": exit_layer, "d": draft_len,
-                         "L": s.layers, "acceptance": sp.acceptance, "ratio": summary["ratio"],
-                         "lo": summary["lo"], "hi": summary["hi"], "verdict": summary["verdict"],
+                         "L": s.layers, "acceptance": sp.acceptance,
+                         "runs": " ".join(f"{r.group}:{r.round}:{r.ratio:.9g}" for r in runs.itertuples()),
                          "lossless": sp.tokens.tolist() == full.tokens.tolist(), "n_new": n_new,
                          "prompts": n_prompts, "rounds": rounds})
             del model
@@ -103,5 +105,14 @@ def spec_bounds(name: str, exit_layer: int, draft_len: int, n_new: int = 16, n_p
 
     params = {"shape": name, "E": exit_layer, "d": draft_len, "n_new": n_new, "prompts": n_prompts,
               "prompt_len": prompt_len, "rounds": rounds, "dtype": dtype, "seed": seed,
-              "threads": torch.get_num_threads(), "run_sd": speeds.run_sd(), **costmodel.machine_id()}
-    return store.cached("shape_spec", params, compute, model=f"random:{name}")
+              "threads": torch.get_num_threads(), **costmodel.machine_id()}
+    df = store.cached("shape_spec", params, compute, model=f"random:{name}")
+    summ = pd.DataFrame([speeds.paired_ratio(_runs(text)) for text in df["runs"]])
+    return df.assign(**{c: summ[c].to_numpy() for c in ("ratio", "lo", "hi", "verdict")})
+
+
+def _runs(text: str) -> pd.DataFrame:
+    """:func:`spec_bounds`' ``runs`` column (``group:round:ratio`` items) back as paired_runs-like rows."""
+    rows = [t.split(":") for t in str(text).split()]
+    return pd.DataFrame({"group": [int(g) for g, _, _ in rows], "round": [int(k) for _, k, _ in rows],
+                         "ratio": [float(x) for _, _, x in rows]})

@@ -19,14 +19,22 @@ import pandas as pd
 _RUN_SD = 0.0
 
 
+def checked_run_sd(sd) -> float:
+    """``sd`` as a run-to-run spread (a log-space standard deviation in [0, 1)), or a ValueError that says so."""
+    try:
+        x = float(sd)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if not (math.isfinite(x) and 0.0 <= x < 1.0):
+        raise ValueError(f"the run-to-run spread (run_sd) must be a number in [0, 1), got {sd!r}")
+    return x
+
+
 def set_run_sd(sd: float) -> None:
-    """Set the run-to-run spread (log-space standard deviation, >= 0) that :func:`paired_ratio` adds to every
-    interval from here on, in this process."""
+    """Set the run-to-run spread (log-space standard deviation, :func:`checked_run_sd`) that :func:`paired_ratio`
+    adds to every interval from here on, in this process."""
     global _RUN_SD
-    sd = float(sd)
-    if not (math.isfinite(sd) and 0.0 <= sd < 1.0):
-        raise ValueError(f"the run-to-run spread must be a number in [0, 1), got {sd!r}")
-    _RUN_SD = sd
+    _RUN_SD = checked_run_sd(sd)
 
 
 def run_sd() -> float:
@@ -61,9 +69,7 @@ def paired_ratio(runs: pd.DataFrame, run_sd: float | None = None) -> dict:
     this run's prompts. ``verdict`` is "faster" or "slower" only when the interval excludes 1.0, else "no
     different" (also when one run leaves no interval: ``lo`` and ``hi`` NaN); ``digits`` is how many decimals the
     interval supports (its half-width to one significant figure, 1 to 3); ``run_sd`` is the term used."""
-    sd = _RUN_SD if run_sd is None else float(run_sd)
-    if not (math.isfinite(sd) and sd >= 0.0):
-        raise ValueError(f"run_sd must be a number >= 0, got {run_sd!r}")
+    sd = _RUN_SD if run_sd is None else checked_run_sd(run_sd)
     per = np.log(runs.groupby("group")["ratio"].median().to_numpy())
     logs = per if len(per) > 1 else np.log(runs["ratio"].to_numpy())
     m = float(logs.mean())
