@@ -43,6 +43,34 @@ def test_moves_every_branch(a, b, want):
     assert faster.moves(a, b) == want
 
 
+@pytest.mark.parametrize("lo, hi, want", [(-0.02, 0.12, "does not move measurably (0.70 and 0.75)"),
+                                           (0.01, 0.09, "rises from 0.70 to 0.75"),
+                                           (math.nan, math.nan, "rises from 0.70 to 0.75")])
+def test_a_move_is_worded_only_where_its_interval_excludes_none(lo, hi, want):
+    assert faster.moves(0.70, 0.75, 2, lo, hi) == want
+
+
+def test_move_rounds_take_medians_and_an_interval_of_the_change_over_rounds():
+    base = make_units()
+    rounds = [{"float32": base, "int4": cheaper(base, layer=x)} for x in (0.25, 0.3, 0.2)]
+    tab, change = faster.move_rounds(rounds, L, 2, 2, SIG, 1.2)
+    assert tab.loc["layer, one token [ms]", "int4"] == pytest.approx(0.25), "the median round"
+    assert tab.loc["layer, one token [ms]", "float32"] == pytest.approx(1.0)
+    c = change.loc["layer, one token [ms]"]
+    assert c["change"] == pytest.approx(-0.75) and c["lo"] < -0.75 < c["hi"] < 0, "t-interval over 3 rounds"
+    assert change.loc["step overhead [ms]", "change"] == 0.0, "the same overhead in every round"
+    one, none = faster.move_rounds(rounds[:1], L, 2, 2, SIG, 1.2)
+    assert one.equals(faster.move_table(rounds[0], L, 2, 2, SIG, 1.2)) and none["lo"].isna().all()
+    # two builds of one commit worded the move both ways (0.93 and 0.83 against 0.89 and 0.91): within the rounds'
+    # spread the verdict is that nothing moved
+    t = pd.DataFrame({"float32": [0.9, 1.2], "int4": [0.93, 1.2]},
+                     index=["break-even acceptance", "oracle exits [× full depth]"])
+    wide = pd.DataFrame({"lo": [-0.05, -0.01], "hi": [0.11, 0.01]}, index=t.index)
+    assert "harder" in faster.move_verdict(t) and "about where" in faster.move_verdict(t, change=wide)
+    n = faster.move_notes(tab, change=change)
+    assert n["fast_head"].endswith("the step overhead stays at 0.1 ms.")
+
+
 def test_move_notes():
     tab = pd.DataFrame({"float32": [1.0, 7.0, 2.0, 39.0, 7.0, 20.0, 0.7, 1.3],
                         "int4": [0.2, 2.0, 2.0, 10.0, 10.0, 2.0, math.nan, 1.1]},
@@ -69,6 +97,14 @@ def test_units_on_paths_times_each_path_once_in_one_entry(counts_dir):
         assert {"layer", "head", "step"} <= set(units.unit) and "path" not in units
     again = weightpaths.units_on_paths(lm, P.unit_ctx, P.shortlist, P.unit_repeats)                        # read back from the store, not timed again
     assert all(again[k].equals(got[k]) for k in got)
+    each = weightpaths.rounds_on_paths(lm, P.unit_ctx, P.shortlist, P.unit_repeats, rounds=2)
+    assert len(each) == 2 and all(list(r) == ["float32", "int4"] for r in each)
+    assert all(list(r[w].columns) == ["unit", "size", "seconds"] for r in each for w in r)
+    med = weightpaths.units_on_paths(lm, P.unit_ctx, P.shortlist, P.unit_repeats, rounds=2)
+    both = pd.concat([each[0]["int4"], each[1]["int4"]]).groupby(["unit", "size"], sort=False)["seconds"].median()
+    assert med["int4"].set_index(["unit", "size"])["seconds"].equals(both), "each unit's median over the rounds"
+    with pytest.raises(ValueError, match="rounds"):
+        weightpaths.rounds_on_paths(lm, P.unit_ctx, P.shortlist, P.unit_repeats, rounds=0)
 
 
 @pytest.mark.parametrize("be, orc, word", [((0.8, 0.9), (1.2, 1.1), "harder"), ((0.8, math.nan), (1.2, 1.2), "harder"),

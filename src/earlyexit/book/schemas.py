@@ -269,6 +269,8 @@ WHERE_TIME_GOES = register(
                             range=(1, 10_000)),
         unit_ctx=Param(int, 96, "keys in the cache when the unit costs are timed", range=(1, 8192)),
         unit_repeats=Param(int, 5, "timed repeats of each unit cost (the median counts)", range=(1, 1000)),
+        path_rounds=Param(int, 5, "rounds of the unit costs timed on each weight path in turn (a move's interval "
+                          "is over them)", range=(1, 100)),
         shortlist=Param(int, 8192, "rows of the shortlist draft head priced by the cost model", range=(1, 10_000_000)),
         clf_thresholds=Param(list, [0.5, 0.8, 0.95], "classifier thresholds swept", item=float, range=(1e-6, 1.0)),
         spec_exit=Param(int, 25, "self-speculation's draft depth E (the embedded model's; scaled for others)",
