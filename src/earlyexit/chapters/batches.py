@@ -41,8 +41,8 @@ def batch_speeds(lm, es, n_new: int, P, timed) -> pd.DataFrame:
     (:func:`earlyexit.experiments.grouped.time_groups`) at each batch size of ``P["batch_sizes"]`` as chapter 5
     times it: ``timed`` is chapter 5's parameters, whose ``timing_prompts`` prompts (at batch 1), ``batch_groups``
     groups of prompts (in a batch) and ``timing_repeats`` rounds make the very entries chapter 5 quotes, one
-    value per fact. Its
-    paired speed over full depth (ratio, lo, hi, verdict, digits) and layers per token, indexed by batch."""
+    value per fact. Its paired speed over full depth (ratio, lo, hi, verdict, digits) and layers per token, indexed
+    by batch."""
     ml = points.default_min_layer(P["min_layer"], lm.num_layers)
     cf = DecodeConfig.early_exit(P["rule"], "copy-forward", min_layer=ml, threshold=P["operating_threshold"])
     rows = []

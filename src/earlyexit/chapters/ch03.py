@@ -208,7 +208,7 @@ def kl_trend(klw: pd.DataFrame, strategy: str) -> dict:
     """How the KL at full-depth steps moves with the position under ``strategy``: per prompt, the least-squares
     slope of its mean KL per window (``klw``: strategy, prompt, window, kl) against the window's centre, in nats
     per 1000 tokens; their mean over prompts with a 95% t-interval (``lo``, ``hi`` NaN under two prompts)."""
-    from ..experiments.speeds import t975
+    from ..experiments.speeds import t_half_width
 
     slopes = []
     for _, g in klw[klw.strategy == strategy].dropna(subset=["kl"]).groupby("prompt"):
@@ -216,7 +216,7 @@ def kl_trend(klw: pd.DataFrame, strategy: str) -> dict:
             slopes.append(float(np.polyfit(g["window"].to_numpy(float) / 1000, g["kl"].to_numpy(float), 1)[0]))
     x = np.array(slopes)
     m = float(x.mean()) if len(x) else float("nan")
-    half = t975(len(x) - 1) * float(x.std(ddof=1)) / np.sqrt(len(x)) if len(x) > 1 else float("nan")
+    half = t_half_width(x)
     return {"slope": m, "lo": m - half, "hi": m + half, "n": len(x)}
 
 

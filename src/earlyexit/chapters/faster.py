@@ -58,15 +58,10 @@ def move_rounds(rounds: list[dict], L: int, E: int, d: int, sig: pd.DataFrame, s
     tab = pd.DataFrame(np.where(np.isfinite(med), med, np.nan), index=tabs[0].index, columns=tabs[0].columns)
     cols = list(tabs[0].columns)
     diff = stack[:, :, cols.index(fast)] - stack[:, :, cols.index(ref)]
-    n = len(tabs)
     rows = []
-    for i in range(diff.shape[1]):
-        x = diff[:, i]
-        if n > 1 and np.isfinite(x).all():
-            half = speeds.t975(n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
-            rows.append((float(x.mean()), float(x.mean()) - half, float(x.mean()) + half))
-        else:
-            rows.append((float(x.mean()) if np.isfinite(x).all() else math.nan, math.nan, math.nan))
+    for x in diff.T:
+        m, half = (float(x.mean()), speeds.t_half_width(x)) if np.isfinite(x).all() else (math.nan, math.nan)
+        rows.append((m, m - half, m + half))
     return tab, pd.DataFrame(rows, index=tab.index, columns=["change", "lo", "hi"])
 
 

@@ -54,6 +54,12 @@ def t975(df: int) -> float:
     return _T975[df - 1] if df <= len(_T975) else 1.96
 
 
+def t_half_width(x) -> float:
+    """Half the width of the 95% t-interval of the mean of the values ``x`` (NaN with fewer than two)."""
+    x = np.asarray(x, dtype=float)
+    return t975(len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x)) if len(x) > 1 else float("nan")
+
+
 def verdict(lo: float, hi: float) -> str:
     """A speed ratio's verdict from its 95% interval: "faster" or "slower" only when the interval excludes 1.0,
     else "no different" (also when there is no interval: NaN bounds)."""
@@ -74,8 +80,7 @@ def paired_ratio(runs: pd.DataFrame, run_sd: float | None = None) -> dict:
     logs = per if len(per) > 1 else np.log(runs["ratio"].to_numpy())
     m = float(logs.mean())
     if len(logs) > 1:
-        stat = t975(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
-        half = math.hypot(stat, 1.96 * sd)
+        half = math.hypot(t_half_width(logs), 1.96 * sd)
         lo, hi = math.exp(m - half), math.exp(m + half)
     else:
         lo = hi = float("nan")
