@@ -4,14 +4,17 @@ A notebook that takes every core (its ``threads`` is not 1) and the front page (
 computed) run alone; the others run up to ``jobs`` at once, one core each. :func:`run_jobs` runs any list of
 commands under these rules, each in a child process with its output in ``book/generated/.logs/<name>.log``;
 :mod:`earlyexit.book.runner` gives it one ``python -m earlyexit book --only NAME`` per out-of-date notebook.
+A measurement that needs the machine to itself pauses the others meanwhile (:mod:`earlyexit.quiet`).
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
 from .. import paths
+from ..quiet import Conductor
 
 
 def runs_alone(name: str, parameters: dict, root: str | None) -> bool:
@@ -68,43 +71,62 @@ def run_jobs(order: list[str], alone: set[str], jobs: int, command, env: dict | 
              label: str = "", last: dict | None = None) -> int:
     """Run ``command(name)`` (an argv) for each name of ``order`` in a child process, up to ``jobs`` at once,
     starting them in that order as :func:`may_start` allows; each child's output goes to
-    book/generated/.logs/NAME.log. After each one, a line with the time so far and the time left by ``last``
-    ({name: seconds the last build took}). A failure lets the running ones finish, starts no other, and prints
-    the failed one's log tail. Returns 0, or 1 after a failure."""
+    book/generated/.logs/NAME.log. A child that asks for the machine to itself (:func:`earlyexit.quiet.quiet`)
+    gets it: the others are paused until its block ends, and none starts meanwhile. After each one, a line with
+    the time so far and the time left by ``last`` ({name: seconds the last build took}). A failure lets the
+    running ones finish, starts no other, and prints the failed one's log tail. Returns 0, or 1 after a
+    failure."""
     pending = list(order)
     t_start = time.perf_counter()
     logs = paths.GENERATED / ".logs"
     logs.mkdir(parents=True, exist_ok=True)
+    conductor = Conductor(paths.GENERATED / ".quiet", log=lambda line: print(line, flush=True))
+    env = {**(os.environ if env is None else env), **conductor.env()}
     running: dict[str, tuple] = {}
     failed: list[str] = []
     n_done = 0
-    while pending or running:
-        while pending and not failed and may_start(pending[0], running, jobs, alone):
-            name = pending.pop(0)
-            log = open(logs / f"{name}.log", "w")
-            proc = subprocess.Popen(command(name), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    cwd=paths.REPO_ROOT)
-            running[name] = (proc, log, time.perf_counter())
-            beside = ", ".join(r for r in running if r != name)
-            print(f"{name}: executing{label}" + (f" (beside {beside})" if beside else ""), flush=True)
-        if not running:
-            break
-        time.sleep(0.2)
-        for name, (proc, log, t0) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            log.close()
-            del running[name]
-            n_done += 1
-            if proc.returncode == 0:
-                now = time.perf_counter()
-                left = time_left(pending, {r: now - v[2] for r, v in running.items()}, last, jobs) if last else None
-                print(progress_line(n_done, len(order), name, now - t0, now - t_start, left), flush=True)
-            else:
-                failed.append(name)
-                tail = (logs / f"{name}.log").read_text(errors="replace").strip().splitlines()[-15:]
-                print(f"error: {name} failed (exit code {proc.returncode}); log "
-                      f"{paths.relative(logs / f'{name}.log')}, last lines:\n  " + "\n  ".join(tail), file=sys.stderr)
+    try:
+        while pending or running:
+            n_done = _step(pending, running, failed, n_done, jobs, alone, command, env, label, last, logs,
+                           conductor, order, t_start)
+            if n_done < 0:
+                break
+    finally:
+        conductor.close()
     if failed and pending:
         print(f"not started after the failure: {', '.join(pending)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _step(pending, running, failed, n_done, jobs, alone, command, env, label, last, logs, conductor, order,
+          t_start) -> int:
+    """One pass of :func:`run_jobs`' loop: start what may start, grant or end a quiet block, collect what ended.
+    Returns the count of notebooks done, or -1 when nothing is left to wait for."""
+    while pending and not failed and not conductor.busy and may_start(pending[0], running, jobs, alone):
+        name = pending.pop(0)
+        log = open(logs / f"{name}.log", "w")
+        proc = subprocess.Popen(command(name), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=paths.REPO_ROOT)
+        running[name] = (proc, log, time.perf_counter())
+        beside = ", ".join(r for r in running if r != name)
+        print(f"{name}: executing{label}" + (f" (beside {beside})" if beside else ""), flush=True)
+    if not running:
+        return -1
+    time.sleep(0.2)
+    conductor.poll({n: v[0] for n, v in running.items()})
+    for name, (proc, log, t0) in list(running.items()):
+        if proc.poll() is None:
+            continue
+        log.close()
+        del running[name]
+        n_done += 1
+        if proc.returncode == 0:
+            now = time.perf_counter()
+            left = time_left(pending, {r: now - v[2] for r, v in running.items()}, last, jobs) if last else None
+            print(progress_line(n_done, len(order), name, now - t0, now - t_start, left), flush=True)
+        else:
+            failed.append(name)
+            tail = (logs / f"{name}.log").read_text(errors="replace").strip().splitlines()[-15:]
+            print(f"error: {name} failed (exit code {proc.returncode}); log "
+                  f"{paths.relative(logs / f'{name}.log')}, last lines:\n  " + "\n  ".join(tail), file=sys.stderr)
+    return n_done

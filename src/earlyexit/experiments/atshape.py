@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from .. import store
+from ..quiet import quiet
 from ..engine import DecodeConfig, decode
 from . import costmodel, forced, shapes, speeds, timing
 from .evalset import EvalSet
@@ -92,7 +93,8 @@ def spec_bounds(name: str, exit_layer: int, draft_len: int, n_new: int = 16, n_p
         rows = []
         for construction in CONSTRUCTIONS:
             model = build(name, dtype, None, seed, construction, exit_layer)
-            runs = timing.paired_runs(model, es, n_new, cfg, rounds=rounds)
+            with quiet(f"self-speculation at the shape of {name}"):   # a large model's decode is bandwidth-bound
+                runs = timing.paired_runs(model, es, n_new, cfg, rounds=rounds)
             sp = decode(model, es.ids, cfg, n_new, stop_at_eos=False)
             full = decode(model, es.ids, DecodeConfig.full(), n_new, stop_at_eos=False)
             rows.append({"shape": name, "construction": construction, "E": exit_layer, "d": draft_len,

@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 
 from ..clock import now
+from ..quiet import quiet
 from ..engine import DecodeConfig, decode
 from ..engine.adapter import adapter
 from ..engine.cache import COMPUTED
@@ -118,16 +119,18 @@ def _units(lm, ctx: int, shortlist: int, repeats: int, classifier_hidden: int = 
 
 def time_units(lm, ctx: int = 96, shortlist: int = 8192, repeats: int = 5, prompt=None, n_steps: int = 24,
                layer_ks=LAYER_KS, head_rows=HEAD_ROWS) -> list[dict]:
-    """The unit costs of :func:`measure_units`, timed now (not cached): ``layer_ks`` and ``head_rows`` choose the
-    sizes (fewer for a large model timed from a few of its layers)."""
-    rows = _units(lm, ctx, shortlist, repeats, layer_ks=layer_ks, head_rows=head_rows)
-    units = pd.DataFrame(rows)
+    """The unit costs of :func:`measure_units`, timed now (not cached) with the machine to itself
+    (:func:`earlyexit.quiet.quiet`): ``layer_ks`` and ``head_rows`` choose the sizes (fewer for a large model timed
+    from a few of its layers)."""
     ids = prompt or list(range(100, 100 + ctx))
     best = math.inf
-    for _ in range(3):
-        pre = decode(lm, [ids], DecodeConfig.full(), 1, stop_at_eos=False)
-        r = decode(lm, [ids], DecodeConfig.full(), n_steps + 1, stop_at_eos=False)
-        best = min(best, (r.wall_s - pre.wall_s) / n_steps)
+    with quiet("the cost model's unit costs"):         # absolute times: nothing may run beside them
+        rows = _units(lm, ctx, shortlist, repeats, layer_ks=layer_ks, head_rows=head_rows)
+        for _ in range(3):
+            pre = decode(lm, [ids], DecodeConfig.full(), 1, stop_at_eos=False)
+            r = decode(lm, [ids], DecodeConfig.full(), n_steps + 1, stop_at_eos=False)
+            best = min(best, (r.wall_s - pre.wall_s) / n_steps)
+    units = pd.DataFrame(rows)
     part = predict(r.meta["calls"]["decode"], units, steps=False)["total"] / n_steps
     rows.append({"unit": "step", "size": 1, "seconds": max(best - part, 0.0)})
     return rows

@@ -7,17 +7,21 @@ The protocol every speed ratio of the book follows (:func:`time_point`, :func:`p
 its reference (full depth, same model, prompts and threads) run in turn, prompt by prompt, for several rounds,
 the order alternating by round, after one untimed warm-up of each. Whatever else the machine does in those
 minutes slows both alike. The ratio is taken per prompt (its median over rounds) and summarized by
-:mod:`earlyexit.experiments.speeds` (kept apart, so that its statistics can change without re-timing).
+:mod:`earlyexit.experiments.speeds` (kept apart, so that its statistics can change without re-timing). A batch
+above 1 is timed with no other notebook of the build running (:func:`earlyexit.quiet.quiet`): a batched decode
+contends with the other core for memory bandwidth, which alternation does not cancel.
 """
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import pandas as pd
 import torch
 
 from ..engine import DecodeConfig, decode
 from .. import store
+from ..quiet import quiet
 from ..engine.result import calls_json
 from .points import point_params, split_ints
 from .evalset import EvalSet
@@ -102,8 +106,9 @@ def time_point(lm, es: EvalSet, n_new: int, cfg: DecodeConfig, batch: int = 1, r
 
     def compute():
         groups = [[ids] for ids in es.ids] if batch == 1 else [es.ids[:batch]]
-        return _per_group(_alternate(lm, groups, n_new, cfg, FULL, rounds), [len(g) for g in groups],
-                          batch == 1)
+        with quiet(f"a batch-{batch} timing") if batch > 1 else nullcontext():
+            runs = _alternate(lm, groups, n_new, cfg, FULL, rounds)
+        return _per_group(runs, [len(g) for g in groups], batch == 1)
 
     params = point_params(es, n_new, cfg, batch=batch, repeats=rounds, threads=torch.get_num_threads())
     params["paired_with"] = FULL.key()

@@ -1,7 +1,6 @@
 """The cost model's unit costs on each of the engine's weight paths, timed in turn.
 
-    units = weightpaths.units_on_paths(lm, ctx=96, shortlist=8192, repeats=5, rounds=5)   # {"float32": ..., "int4": ...}
-    each = weightpaths.rounds_on_paths(lm, 96, 8192, 5, rounds=5)                          # [{"float32": ..., "int4": ...}, ...]
+    each = weightpaths.rounds_on_paths(lm, 96, 8192, 5, rounds=5)    # [{"float32": units, "int4": units}, ...]
 
 ``"float32"`` is the packed float32 weights the book decodes with; ``"int8"`` and ``"int4"`` are
 :class:`~earlyexit.engine.lowbit.LowBitAdapter` (int4: the embedded GGUF's own Q4_1 blocks). All paths are timed
@@ -16,6 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import store
+from ..quiet import quiet
 from ..engine.lowbit import LowBitAdapter
 from . import costmodel
 
@@ -35,19 +35,13 @@ def rounds_on_paths(lm, ctx: int, shortlist: int, repeats: int, rounds: int = 1,
     def compute():
         adapters = {w: lm if w == "float32" else LowBitAdapter(lm, w) for w in paths}
         parts = []
-        for r in range(rounds):
-            for w in (paths if r % 2 == 0 else tuple(reversed(paths))):
-                parts.append(pd.DataFrame(costmodel.time_units(adapters[w], ctx, shortlist, repeats))
-                             .assign(path=w, round=r))
+        with quiet("the unit costs on each weight path"):
+            for r in range(rounds):
+                for w in (paths if r % 2 == 0 else tuple(reversed(paths))):
+                    parts.append(pd.DataFrame(costmodel.time_units(adapters[w], ctx, shortlist, repeats))
+                                 .assign(path=w, round=r))
         return pd.concat(parts, ignore_index=True)
 
     df = store.cached("cost_units_paths", params, compute, model=lm)
     return [{w: df[(df.path == w) & (df["round"] == r)].drop(columns=["path", "round"]).reset_index(drop=True)
              for w in paths} for r in range(rounds)]
-
-
-def units_on_paths(lm, ctx: int, shortlist: int, repeats: int, paths=PATHS, rounds: int = 1) -> dict:
-    """{path: unit costs}: :func:`rounds_on_paths`' units, each the median over its rounds."""
-    each = rounds_on_paths(lm, ctx, shortlist, repeats, rounds, paths)
-    return {w: pd.concat([r[w] for r in each]).groupby(["unit", "size"], sort=False, as_index=False)["seconds"]
-            .median() for w in paths}

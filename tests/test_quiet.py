@@ -1,0 +1,88 @@
+"""A measurement that needs the machine to itself: the runner pauses the notebooks beside it, kernels included."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from earlyexit import paths, quiet
+from earlyexit.book import jobs
+
+# a notebook beside: its kernel (a grandchild, as papermill's kernel is) ticks a timestamp into a file
+GRAND = """
+import sys, time
+end = time.time() + float(sys.argv[1])
+with open(sys.argv[2], "a") as f:
+    while time.time() < end:
+        f.write(repr(time.time()) + " ")
+        f.flush()
+        time.sleep(0.01)
+"""
+TICKER = "import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', sys.argv[3], *sys.argv[1:3]]))"
+# a notebook that asks for quiet after a while, holds it, and records when it held it (or dies inside it)
+ASKER = r"""
+import sys, time, os
+from earlyexit.quiet import quiet
+time.sleep(0.4)
+with quiet("a test measurement"):
+    t0 = time.time()
+    if sys.argv[2] == "die":
+        os._exit(3)
+    time.sleep(0.5)
+    t1 = time.time()
+with quiet("a second one at once"):       # a block right after another (the runner may not have seen the first end)
+    t2 = time.time()
+    time.sleep(0.5)
+    t3 = time.time()
+open(sys.argv[1], "w").write(f"{t0} {t1} {t2} {t3}")
+"""
+
+
+@pytest.fixture
+def gen(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(paths, "GENERATED", tmp_path / "generated")
+    return tmp_path
+
+
+def _ticks(path):
+    return [float(x) for x in path.read_text().split()]
+
+
+def test_quiet_pauses_the_notebook_beside_and_its_kernel_then_resumes_it(gen, capsys):
+    ticks, held = gen / "ticks", gen / "held"
+    cmd = {"ticker": [sys.executable, "-c", TICKER, "2.5", str(ticks), GRAND],
+           "asker": [sys.executable, "-c", ASKER, str(held), "hold"]}
+    assert jobs.run_jobs(["ticker", "asker"], set(), 2, cmd.__getitem__) == 0
+    t0, t1, t2, t3 = map(float, held.read_text().split())
+    ts = _ticks(ticks)
+    for a, b in ((t0, t1), (t2, t3)):
+        assert not [t for t in ts if a + 0.05 < t < b - 0.05], "the kernel beside did not tick while quiet was held"
+    assert any(t < t0 for t in ts) and any(t > t3 for t in ts), "it ran before and after the quiet blocks"
+    out = capsys.readouterr().out
+    assert "asker: quiet for a test measurement; paused ticker" in out
+    assert "resumed ticker" in out
+    assert not list((gen / "generated" / ".quiet").iterdir()), "no request or grant is left behind"
+
+
+def test_a_holder_that_dies_inside_its_block_gives_the_machine_back(gen, capsys):
+    ticks, held = gen / "ticks", gen / "held"
+    cmd = {"ticker": [sys.executable, "-c", TICKER, "1.5", str(ticks), GRAND],
+           "asker": [sys.executable, "-c", ASKER, str(held), "die"]}
+    assert jobs.run_jobs(["ticker", "asker"], set(), 2, cmd.__getitem__) == 1     # the asker failed
+    assert not held.exists()
+    assert max(_ticks(ticks)) > min(_ticks(ticks)) + 1.0, "the ticker ran on to its end after being resumed"
+
+
+def test_without_the_runner_quiet_does_nothing_and_nests(monkeypatch, tmp_path):
+    monkeypatch.delenv(quiet.ENV_DIR, raising=False)
+    with quiet.quiet("outer"):
+        with quiet.quiet("inner"):
+            pass
+    assert not list(tmp_path.iterdir())
+    # under a runner that has gone away, a request is not waited on for ever
+    monkeypatch.setenv(quiet.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(quiet.ENV_RUNNER, "999999999")
+    with quiet.quiet("orphan"):
+        assert len(list(tmp_path.glob(f"{__import__('os').getpid()}-*.request"))) == 1
+    assert not list(tmp_path.iterdir()), "its request is removed when the block ends"
