@@ -86,3 +86,13 @@ def test_without_the_runner_quiet_does_nothing_and_nests(monkeypatch, tmp_path):
     with quiet.quiet("orphan"):
         assert len(list(tmp_path.glob(f"{__import__('os').getpid()}-*.request"))) == 1
     assert not list(tmp_path.iterdir()), "its request is removed when the block ends"
+
+
+def test_the_notebooks_a_runner_starts_keep_claims_through_a_pause(gen):
+    seen = gen / "env"
+    probe = ("import os, sys; open(sys.argv[1], 'w').write(os.environ.get('EARLYEXIT_CLAIM_STALE_S', '') + ' ' + "
+             "os.environ.get('EARLYEXIT_QUIET_DIR', ''))")
+    assert jobs.run_jobs(["probe"], set(), 2, lambda n: [sys.executable, "-c", probe, str(seen)]) == 0
+    stale, folder = seen.read_text().split()
+    assert float(stale) >= 3600, "a claim's heartbeat limit outlasts any quiet block it may be paused through"
+    assert folder.endswith(".quiet")

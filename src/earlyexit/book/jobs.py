@@ -16,6 +16,8 @@ import time
 from .. import paths
 from ..quiet import Conductor
 
+PAUSED_CLAIM_STALE_S = 6 * 3600   # EARLYEXIT_CLAIM_STALE_S for the notebooks run_jobs starts (store.claims: 120)
+
 
 def runs_alone(name: str, parameters: dict, root: str | None) -> bool:
     """Whether ``name`` must run with no other notebook beside it: the front page (it reads what the chapters
@@ -82,6 +84,9 @@ def run_jobs(order: list[str], alone: set[str], jobs: int, command, env: dict | 
     logs.mkdir(parents=True, exist_ok=True)
     conductor = Conductor(paths.GENERATED / ".quiet", log=lambda line: print(line, flush=True))
     env = {**(os.environ if env is None else env), **conductor.env()}
+    # a notebook paused for another's quiet block cannot beat its claims' heartbeats: on one machine a dead
+    # claimant is seen at once (its pid), so the heartbeat limit only has to outlast the longest pause
+    env.setdefault("EARLYEXIT_CLAIM_STALE_S", str(PAUSED_CLAIM_STALE_S))
     running: dict[str, tuple] = {}
     failed: list[str] = []
     n_done = 0
