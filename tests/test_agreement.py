@@ -23,9 +23,20 @@ def test_agreement_and_verdicts(tmp_path):
     assert t.loc["speed_full", "agree"] and t.loc["speed_full", "same_verdict"]
     assert t.loc["speed_lazy", "agree"] and not t.loc["speed_lazy", "same_verdict"]   # slower, then no different
     assert not t.loc["speed_rule", "agree"] and t.loc["speed_rule", "same_verdict"]
+    assert t.loc["speed_full", "consistent"] and t.loc["speed_lazy", "consistent"]
+    assert not t.loc["speed_rule", "consistent"]
     assert agreement.summary(t) == ("3 paired ratios in both builds; 1 disagree (one build's ratio outside the "
-                                    "other's interval); 1 change verdict")
+                                    "other's interval); 1 differ by more than the difference's 95% interval; "
+                                    "1 change verdict")
     assert agreement.main([str(a), str(b)]) == 0 and agreement.main([]) == 2
+
+
+def test_consistent_is_the_difference_within_its_own_interval():
+    # equal intervals of half-width h (log space): the difference may reach sqrt(2) h, not h
+    assert agreement.consistent((1.00, 0.98, 1.02), (1.025, 1.005, 1.046))      # outside each other's, consistent
+    assert not agreement.agree((1.00, 0.98, 1.02), (1.025, 1.005, 1.046))
+    assert not agreement.consistent((1.00, 0.98, 1.02), (1.04, 1.02, 1.06))
+    assert not agreement.consistent((1.0, float("nan"), float("nan")), (1.0, 0.9, 1.1))
 
 
 def test_numbers_glued_with_their_interval_count_when_they_are_speeds(tmp_path):

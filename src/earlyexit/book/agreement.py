@@ -67,24 +67,38 @@ def agree(a: tuple, b: tuple) -> bool:
     return xl <= y <= xh and yl <= x <= yh
 
 
+def consistent(a: tuple, b: tuple) -> bool:
+    """Two timings (ratio, lo, hi) of one configuration differ by no more than their difference's 95% interval
+    allows: in log space, |log x - log y| is at most the hypotenuse of the two half-widths. :func:`agree` is the
+    stricter test: two calibrated 95% intervals of equal width put each ratio inside the other's only about 83% of
+    the time (the difference of two readings is sqrt(2) times one reading's spread)."""
+    (x, xl, xh), (y, yl, yh) = a, b
+    if not all(v > 0 and math.isfinite(v) for v in (x, xl, xh, y, yl, yh)):
+        return False
+    half = math.hypot((math.log(xh) - math.log(xl)) / 2, (math.log(yh) - math.log(yl)) / 2)
+    return abs(math.log(x) - math.log(y)) <= half
+
+
 def compare(a: Path, b: Path) -> pd.DataFrame:
     """One row per ratio glued in both folders: page, key, the two (ratio, lo, hi), ``agree`` (each build's
-    ratio lies in the other's interval) and ``same_verdict``."""
+    ratio lies in the other's interval), ``consistent`` (:func:`consistent`) and ``same_verdict``."""
     ra, rb = ratios(a), ratios(b)
     rows = []
     for key in sorted(set(ra) & set(rb)):
         (x, xl, xh), (y, yl, yh) = ra[key], rb[key]
         rows.append({"page": key[0], "key": key[1], "a": x, "a_lo": xl, "a_hi": xh, "b": y, "b_lo": yl, "b_hi": yh,
-                     "agree": agree(ra[key], rb[key]),
+                     "agree": agree(ra[key], rb[key]), "consistent": consistent(ra[key], rb[key]),
                      "same_verdict": verdict(xl, xh) == verdict(yl, yh)})
     return pd.DataFrame(rows, columns=["page", "key", "a", "a_lo", "a_hi", "b", "b_lo", "b_hi", "agree",
-                                       "same_verdict"])
+                                       "consistent", "same_verdict"])
 
 
 def summary(t: pd.DataFrame) -> str:
-    """One line: how many ratios, how many disagree, how many change verdict."""
+    """One line: how many ratios, how many disagree, how many differ by more than their intervals allow, how
+    many change verdict."""
     return (f"{len(t)} paired ratios in both builds; {int((~t['agree']).sum())} disagree (one build's ratio outside "
-            f"the other's interval); {int((~t['same_verdict']).sum())} change verdict")
+            f"the other's interval); {int((~t['consistent']).sum())} differ by more than the difference's 95% "
+            f"interval; {int((~t['same_verdict']).sum())} change verdict")
 
 
 NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*")
