@@ -56,12 +56,19 @@ def test_a_chapter_still_executing_is_not_a_page(tmp_path):
     assert agreement.ratios(tmp_path) == {("04_x", "speed_lazy"): (0.93, 0.88, 0.98)}
 
 
-def test_clear_timed_keeps_the_untimed_entries(tmp_path):
+def test_clear_timed_keeps_the_untimed_entries_and_moves_the_timed_aside(tmp_path):
+    store = tmp_path / "cache"
     for kind in ("timing", "cost_units_paths", "point", "drift"):
-        (tmp_path / kind).mkdir()
-        (tmp_path / kind / "e.json").write_text("{}")
-    assert agreement.clear_timed(root=tmp_path) == 2
-    assert sorted(p.parent.name for p in tmp_path.glob("*/*.json")) == ["drift", "point"]
+        (store / kind).mkdir(parents=True)
+        (store / kind / "e.json").write_text("{}")
+    (store / "timing" / "e.claim").write_text("{}")                      # a live claim stays where it is
+    assert agreement.clear_timed(root=store) == 2
+    assert sorted(p.parent.name for p in store.glob("*/*.json")) == ["drift", "point"]
+    kept = list((tmp_path / "cleared-timings").glob("*/*/e.json"))
+    assert sorted(p.parent.name for p in kept) == ["cost_units_paths", "timing"], "moved aside, not deleted"
+    assert (store / "timing" / "e.claim").exists()
+    (store / "timing" / "f.json").write_text("{}")
+    assert agreement.clear_timed(root=store, keep=False) == 1 and not (store / "timing" / "f.json").exists()
 
 
 def test_every_timed_kind_is_one_the_package_stores():

@@ -92,7 +92,8 @@ def test_retime_clears_the_timings_and_nothing_else_then_executes_again(book, ca
     capsys.readouterr()
     assert runner.main(["--profile", "t", "--only", "zz_ok", "--no-build", "--retime"]) == 0
     out = capsys.readouterr().out
-    assert files >= 2 and f"cleared {files} timed result files" in out and "up to date" not in out
+    assert files >= 2 and f"moved {files} timed result files to cleared-timings/" in out and "up to date" not in out
+    assert len(list((book / "cleared-timings").glob("*/*/*"))) == files, "the first run's timings are kept aside"
     assert out_path.stat().st_mtime_ns != mtime, "--retime executes again, as --rerun does"
     assert not store.has("paired_timing", {"k": 1}, model="m") and not store.has("shape_units", {"k": 1}, model="m")
     assert store.has("point", {"k": 1}, model="m") and store.has("drift", {"k": 1}, model="m"), "the rest is kept"

@@ -8,14 +8,17 @@ sentence ("Batching the recompute pays" against "indistinguishable").
     python -m earlyexit.book.agreement --clear-timed                            # before a second timing run
 
 A second timing run costs far less than a second build: clear the timed entries (:data:`TIMED`,
-:func:`clear_timed`), keep the rest of the result store, and run the book again; ``python -m earlyexit book
---retime`` does both.
+:func:`clear_timed`, which moves them to ``data/cleared-timings/<time>/`` so that a second run stopped half-way
+loses nothing of the first), keep the rest of the result store, and run the book again; ``python -m earlyexit book
+--retime`` does both. Besides "inside the other's interval" (:func:`agree`), each ratio's difference is checked
+against its own 95% interval (:func:`consistent`).
 """
 from __future__ import annotations
 
 import math
 import re
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -123,16 +126,32 @@ def wording(a: Path, b: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["page", "key", "a", "b"])
 
 
-def clear_timed(root=None) -> int:
-    """Delete every wall-clock entry of the result store (:data:`TIMED`), keep the rest; return how many files."""
+def clear_timed(root=None, keep: bool = True) -> int:
+    """Take every wall-clock entry (:data:`TIMED`) out of the result store, keep the rest; return how many files.
+    The entries are moved, not deleted (``keep``): to ``<store>/../cleared-timings/<UTC time>/<kind>/``, so that a
+    second timing run stopped after the clearing loses nothing of the first (move a folder's kinds back into the
+    store to restore them). ``keep=False`` deletes them. A claim (an entry being computed) stays."""
     from ..store import results
-    return sum(results.clear(kind, root=root) for kind in TIMED)
+    base = results._root(root)
+    dest = base.parent / "cleared-timings" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    n = 0
+    for kind in TIMED:
+        for f in sorted((base / kind).glob("*")) if (base / kind).is_dir() else []:
+            if not f.is_file() or f.suffix == ".claim":
+                continue
+            if keep:
+                (dest / kind).mkdir(parents=True, exist_ok=True)
+                f.replace(dest / kind / f.name)
+            else:
+                f.unlink()
+            n += 1
+    return n
 
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args == ["--clear-timed"]:
-        print(f"removed {clear_timed()} timed result files ({', '.join(TIMED)})")
+        print(f"moved {clear_timed()} timed result files ({', '.join(TIMED)}) to cleared-timings/ beside the store")
         return 0
     if len(args) != 2 or args[0] in ("-h", "--help"):
         print(__doc__)

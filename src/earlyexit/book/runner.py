@@ -295,7 +295,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", metavar="NAME", default=None,
                    help="execute only these notebooks (names as in _toc.yml, e.g. 01_kv_cache_invariant)")
     p.add_argument("--rerun", action="store_true", help="execute even if the executed copy is up to date")
-    p.add_argument("--retime", action="store_true", help="clear the result store's timings (nothing else) and "
+    p.add_argument("--retime", action="store_true", help="move the result store's timings aside (nothing else) and "
                    "execute again (implies --rerun): a second timing run; compare with earlyexit.book.agreement")
     p.add_argument("--no-build", action="store_true", help="execute only; do not build the HTML")
     p.add_argument("--no-strict", action="store_true", help="build without -W -n (warnings not errors)")
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profile {profile.name}: {profile.description}".rstrip(": "), flush=True)
     if args.retime:
         from .agreement import clear_timed
-        print(f"cleared {clear_timed()} timed result files; every selected notebook executes again", flush=True)
+        print(f"moved {clear_timed()} timed result files to cleared-timings/; every notebook executes again", flush=True)
         args.rerun = True
     todo = {}
     for i, name in enumerate(selected, 1):
