@@ -127,21 +127,21 @@ def test_claims_faster_slower_or_not_measurably_different_and_the_target():
     need = pd.DataFrame([{"E": 2, "d": 1, "shortlist": True, "target": 1.5, "alpha": 0.9},
                          {"E": 2, "d": 2, "shortlist": True, "target": 1.5, "alpha": 0.72},
                          {"E": 2, "d": 2, "shortlist": False, "target": 1.5, "alpha": NAN}])
-    c = ch07.claim_notes([(0.9, 1.05, "a", 0.95, 1.15), (1.0, 1.03, "b", 0.97, 1.09)], need, True)
+    c = ch07.claim_notes([(0.9, 1.05, "a", 0.95, 1.15, 0.8), (1.0, 1.03, "b", 0.97, 1.09, 0.7)], need, True)
     assert c["all_best_speed"] == 1.03        # the cost model's first, not the fastest measured point
-    assert c["claim_speed"] == ("the drafter the cost model ranks fastest is “b”, measured at 1.03× full depth (95% "
+    assert c["claim_speed"] == ("the drafter the cost model ranks first is “b”, measured at 1.03× full depth (95% "
                                 "interval 0.97 to 1.09: not measurably different from full depth), short of the "
                                 "1.5× target")
     assert c["claim_goal"] == "1.5× would take an acceptance of 0.72 (E = 2, d = 2, shortlist head)"
-    c = ch07.claim_notes([(1.6, 1.6, "c", 1.55, 1.7)], need, False)
+    c = ch07.claim_notes([(1.6, 1.6, "c", 1.55, 1.7, 0.9)], need, False)
     assert c["claim_speed"].endswith("(95% interval 1.55 to 1.70: faster than full depth), at or above the 1.5× "
                                      "target")     # the target met by all of the interval
-    held = ch07.claim_notes([(1.6, 1.6, "c", 1.45, 1.7)], need, False)["claim_speed"]
+    held = ch07.claim_notes([(1.6, 1.6, "c", 1.45, 1.7, 0.9)], need, False)["claim_speed"]
     assert held.endswith("faster than full depth), an interval that holds the 1.5× target")
     assert c["claim_goal"] == "no acceptance at all reaches 1.5× with a draft from layer E"
-    assert "slower than full depth), short of" in ch07.claim_notes([(0.5, 0.5, "d", 0.4, 0.6)], need, True)["claim_speed"]
+    assert "slower than full depth), short of" in ch07.claim_notes([(0.5, 0.5, "d", 0.4, 0.6, 0.5)], need, True)["claim_speed"]
     need.loc[2, "alpha"] = 0.8
-    assert ch07.claim_notes([(0.5, 0.5, "d", 0.4, 0.6)], need, False)["claim_goal"].endswith("full head)")
+    assert ch07.claim_notes([(0.5, 0.5, "d", 0.4, 0.6, 0.5)], need, False)["claim_goal"].endswith("full head)")
 
 
 def _grid():
@@ -274,16 +274,29 @@ def test_candidates_rank_drafters_by_the_cost_model_from_the_calls_each_run_made
     runs = pd.DataFrame({"E": [2, 2, 4, 4], "d": [1, 1, 1, 1], "spec_calls": [cheap, cheap, dear, dear],
                          "full_calls": [full] * 4})
     summ = pd.DataFrame({"E": [2, 4], "d": [1, 1], "speedup": [0.9, 1.1], "speedup_lo": [0.8, 1.0],
-                         "speedup_hi": [1.0, 1.2]})
+                         "speedup_hi": [1.0, 1.2], "acceptance": [0.5, 0.9]})
     c = ch07.candidates((summ.assign(predicted=ch07.predicted(units_by_hand(), runs, summ, ["E", "d"])),
                          lambda r: f"E = {int(r.E)}"))
     assert [x[2] for x in c] == ["E = 2", "E = 4"]
-    assert c[0][0] == pytest.approx(2.0) and c[1][0] < 1.0 and c[1][1] == 1.1
+    assert c[0][0] == pytest.approx(2.0) and c[1][0] < 1.0 and c[1][1] == 1.1 and c[1][5] == 0.9
     assert "“E = 2”, measured at 0.90×" in ch07.claim_notes(c, pd.DataFrame({"shortlist": [True], "target": [1.5],
                                                                                "alpha": [NAN], "E": [2], "d": [1]}),
                                                             True)["claim_speed"]
     # the prediction a chapter ranks a family by is the one the headline ranks every drafter by
     assert ch07.predicted(units_by_hand(), runs, summ, ["E", "d"]) == [x[0] for x in c]
+
+
+def test_the_drafter_named_is_the_most_accepted_of_those_the_cost_model_cannot_tell_apart():
+    # (predicted, measured, name, lo, hi, acceptance): b and c lie within 5% of the fastest prediction
+    cands = [(0.80, 0.9, "a", 0.8, 1.0, 0.99), (0.96, 0.9, "b", 0.8, 1.0, 0.72), (0.92, 0.9, "c", 0.8, 1.0, 0.91)]
+    assert ch07.first_candidate(cands)[2] == "c"
+    # the same drafter when this build's unit costs put c ahead of b, and when they put b further ahead
+    assert ch07.first_candidate([cands[0], (0.90, 0.9, "b", 0.8, 1.0, 0.72), (0.93, 0.9, "c", 0.8, 1.0, 0.91)])[2] == "c"
+    # a prediction outside the band is not named, however often it is accepted
+    assert ch07.first_candidate([cands[0], (1.00, 0.9, "b", 0.8, 1.0, 0.72), (0.94, 0.9, "c", 0.8, 1.0, 0.91)])[2] == "b"
+    assert ch07.first_candidate([cands[1]])[2] == "b"
+    with pytest.raises(ValueError, match="no drafter configuration to rank"):
+        ch07.first_candidate([])
 
 
 def test_break_even_reached_or_out_of_reach():

@@ -49,3 +49,7 @@ def test_the_interval_rule_names_the_run_to_run_spread_only_when_there_is_one():
     assert "of 1.2%" in words.interval_rule(0.0125)
     with pytest.raises(ValueError, match=r"run-to-run spread \(run_sd\) must be a number in \[0, 1\)"):
         words.interval_rule(-0.1)
+
+
+def test_count_is_plural_unless_one():
+    assert [words.count(n, "layer") for n in (0, 1, 2, 1500)] == ["0 layers", "1 layer", "2 layers", "1,500 layers"]

@@ -8,7 +8,8 @@ import pandas as pd
 from ..book import figures, plots
 from ..experiments import budget, compare, costmodel, points, trained
 from ..experiments.metrics import ci
-from .words import listing as _and, sig1  # noqa: F401 (sig1: chapter 7's API)
+from . import quoted
+from .words import count, listing as _and, sig1  # noqa: F401 (sig1: chapter 7's API)
 from .budget_words import (SPEED_GOAL, TOO_FAR, _run, break_even_sentence,  # noqa: F401 (chapter 7's API)
                            ceil_reason, need_phrase, need_sentence, one_caveat, training_needed)
 from .second_peer import economize_notes, economize_table, same_drafter_note  # noqa: F401 (chapter 7's API)
@@ -274,20 +275,20 @@ def skip_notes(searches: dict, sets: dict, ss: pd.DataFrame, sk: pd.DataFrame, s
                shortlist: int, cited: dict | None = None) -> dict:
     """The training-free drafter: what the search keeps, the fastest drafter, what a draft and a verification
     cost in full-depth steps by the cost model, and the model's median error against the measurement. ``cited``:
-    {model: its best-ranked row with the paired timing's speed (:func:`earlyexit.chapters.quoted.cited`)}, the
+    {model: its first-ranked row (:func:`earlyexit.chapters.quoted.first_ranked`) with the paired timing's speed (:func:`earlyexit.chapters.quoted.cited`)}, the
     speeds quoted; without it, the grid's."""
     n_lo, n_hi = skip_n[0], skip_n[-1]
     kept = searches["released"].set_index("n_skip")["agreement"]
     order = [set(x.split()) for x in searches["released"].sort_values("n_skip")["skip"]]
     cited = cited or {}
-    top = ss.loc[ss["predicted"].idxmax()]
+    top = ss.loc[quoted.first_ranked(ss)]
     top = cited.get(top["model"], top)
     out = {f"skip_best_{k}": float(top[v]) for k, v in (("speed", "speedup"), ("lo", "speedup_lo"),
                                                          ("hi", "speedup_hi"), ("acc", "acceptance"), ("need", "need"))}
     for name in MODELS:
-        r = cited.get(name, ss[ss.model == name].loc[lambda x: x["predicted"].idxmax()])
+        r = cited.get(name, ss.loc[quoted.first_ranked(ss[ss.model == name])])
         out.update({f"skip_{name}_best_speed": float(r["speedup"]),
-                    f"skip_{name}_best_label": f"{int(r['n_skip'])} layers out, d = {int(r['d'])}"})
+                    f"skip_{name}_best_label": f"{count(int(r['n_skip']), 'layer')} out, d = {int(r['d'])}"})
 
     def t(calls):                                         # predicted seconds of these calls
         return costmodel.predict(calls, units)["total"]
@@ -311,9 +312,9 @@ def skip_notes(searches: dict, sets: dict, ss: pd.DataFrame, sk: pd.DataFrame, s
 def predicted(units: pd.DataFrame, runs: pd.DataFrame, summ: pd.DataFrame, keys) -> list[float]:
     """The cost model's (``units``) speed-up of each configuration of ``summ``, from the calls its runs made
     (``runs``: one row per prompt of :func:`~earlyexit.experiments.timing.spec_point`, ``keys`` the columns that
-    identify a configuration in both), averaged over prompts. Greedy decoding fixes the calls, so the prediction,
-    and the drafter it ranks fastest, is the same in every build where the measured ratios of close drafters
-    trade places."""
+    identify a configuration in both), averaged over prompts. Greedy decoding fixes the calls; the unit costs
+    are timed in each build, so close predictions trade places between builds (pages name a drafter with
+    :func:`earlyexit.chapters.quoted.first_ranked`)."""
     out = []
     for _, r in summ.iterrows():
         g = runs[np.logical_and.reduce([runs[k] == r[k] for k in keys])]
@@ -322,30 +323,39 @@ def predicted(units: pd.DataFrame, runs: pd.DataFrame, summ: pd.DataFrame, keys)
 
 
 def candidates(*families) -> list:
-    """(predicted, measured, name, lo, hi) speed-up of every drafter configuration. ``families``: (summary, name)
-    or (summary, name, config) each, a summary with the columns speedup, speedup_lo, speedup_hi and ``predicted``
-    (:func:`predicted`), ``name(row)`` a configuration's name and ``config(row)`` its (model, DecodeConfig), which
-    then ends the tuple (for :func:`cite_claim`)."""
-    return [(float(r["predicted"]), float(r["speedup"]), f[1](r), float(r["speedup_lo"]), float(r["speedup_hi"]))
-            + ((f[2](r),) if len(f) > 2 else ()) for f in families for _, r in f[0].iterrows()]
+    """(predicted, measured, name, lo, hi, acceptance) speed-up of every drafter configuration. ``families``:
+    (summary, name) or (summary, name, config) each, a summary with the columns speedup, speedup_lo, speedup_hi,
+    acceptance and ``predicted`` (:func:`predicted`), ``name(row)`` a configuration's name and ``config(row)`` its
+    (model, DecodeConfig), which then ends the tuple (for :func:`cite_claim`)."""
+    return [(float(r["predicted"]), float(r["speedup"]), f[1](r), float(r["speedup_lo"]), float(r["speedup_hi"]),
+             float(r["acceptance"])) + ((f[2](r),) if len(f) > 2 else ()) for f in families for _, r in f[0].iterrows()]
+
+
+def first_candidate(cands: list) -> tuple:
+    """The candidate (:func:`candidates`) a page names: :func:`earlyexit.chapters.quoted.first_ranked` over their
+    predictions and acceptances."""
+    if not cands:
+        raise ValueError("no drafter configuration to rank")
+    rows = pd.DataFrame({"predicted": [c[0] for c in cands], "acceptance": [c[5] for c in cands]})
+    return cands[quoted.first_ranked(rows)]
 
 
 def cite_claim(cands: list, cite) -> list:
-    """The drafter the cost model ranks fastest among :func:`candidates` ``cands`` (made with configs), its grid
-    speed replaced by ``cite(model, config)`` (:func:`earlyexit.chapters.quoted.paired`: ratio, lo, hi), as the one
-    candidate :func:`claim_notes` takes."""
-    pred, _, name, _, _, (model, cfg) = max(cands, key=lambda c: c[0])
+    """The drafter a page names among :func:`candidates` ``cands`` (made with configs; :func:`first_candidate`),
+    its grid speed replaced by ``cite(model, config)`` (:func:`earlyexit.chapters.quoted.paired`: ratio, lo, hi),
+    as the one candidate :func:`claim_notes` takes."""
+    pred, _, name, _, _, acc, (model, cfg) = first_candidate(cands)
     s = cite(model, cfg)
-    return [(pred, float(s["ratio"]), name, float(s["lo"]), float(s["hi"]))]
+    return [(pred, float(s["ratio"]), name, float(s["lo"]), float(s["hi"]), acc)]
 
 
 def claim_notes(candidates: list, need: pd.DataFrame, shortlist: bool, goal: float = SPEED_GOAL) -> dict:
-    """The opening's claims: the drafter the cost model ranks fastest among ``candidates`` ((predicted, measured
-    speed-up, name, lo, hi) each), its measured speed against full depth and the target, and the acceptance the
-    target would take with a draft from layer E (``need``)."""
-    _, speed, name, lo, hi = max(candidates, key=lambda c: c[0])[:5]
+    """The opening's claims: the drafter a page names among ``candidates`` ((predicted, measured speed-up, name,
+    lo, hi, acceptance) each; :func:`first_candidate`), its measured speed against full depth and the target, and
+    the acceptance the target would take with a draft from layer E (``need``)."""
+    _, speed, name, lo, hi = first_candidate(candidates)[:5]
     reach = {"misses": f", short of the {goal:.1f}× target", "meets": f", at or above the {goal:.1f}× target"}
-    claim = (f"the drafter the cost model ranks fastest is “{name}”, measured at {against_full(speed, lo, hi)}"
+    claim = (f"the drafter the cost model ranks first is “{name}”, measured at {against_full(speed, lo, hi)}"
              + reach.get(meets(speed, goal, lo, hi), f", an interval that holds the {goal:.1f}× target"))
     n = need[(need.shortlist == shortlist) & (need.target == goal)]
     if n["alpha"].isna().all():

@@ -15,6 +15,7 @@ from ..book import figures, handoff, plots
 from ..book.profiles import load_profile
 from ..engine import DecodeConfig
 from ..experiments import compare, costs, metrics, points, timing, trained
+from . import quoted
 from .batches import batch_claim, batch_notes, batch_speeds, batch_table  # noqa: F401 (chapter 8's API)
 
 # how the prose names the models chapter 7's drafters run on
@@ -212,13 +213,14 @@ def drafter_notes(summ: pd.DataFrame, dsumm: pd.DataFrame, dpts: pd.DataFrame, d
                   seed: int = 0, n_boot: int = 2000, cite=None) -> dict:
     """Chapter 7's drafters next to self-speculation (``summ``: chapter 8's summary, ``dsumm``/``dpts``: the
     drafters' summary and points on the models ``drafted``): the configuration of each model that the cost model
-    ranks fastest among the lossless ones (the same in every build), with its measured speed-up as chapter 7 quotes
+    ranks first among the lossless ones (:func:`earlyexit.chapters.quoted.named_drafters`,
+    as chapter 7 names it), with its measured speed-up as chapter 7 quotes
     it: ``cite(model, config)`` (:func:`earlyexit.chapters.quoted.paired` with chapter 7's prompts and rounds, so
     the same cached timing; ratio, lo, hi) of the ``config`` column of its rows, or without ``cite`` the mean over
     prompts of ``runs``' ``measured`` column with the bootstrap (``seed``, ``n_boot``; ``runs``: every
     self-speculative row, ``dpts`` where None); and how many prompt runs kept the full model's output."""
     runs = dpts if runs is None else runs
-    fastest = compare.fastest_lossless(pd.concat([summ[summ.method == "self-speculation"], dsumm], ignore_index=True))
+    fastest = quoted.named_drafters(summ, dsumm, runs)
     shown = {k: (NOT_TRAINED,) + (float("nan"),) * 4 for k in WHERE}
     for k, r in fastest[fastest.index.isin(list(drafted))].iterrows():
         g = runs[(runs.model == k) & (runs.method == r["method"]) & (runs.label == r["label"])]

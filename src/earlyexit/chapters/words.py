@@ -72,6 +72,11 @@ def sentence(name: str, s: dict, ref: str = "full depth") -> str:
     return f"{name} runs at {ratio(s)} the speed of {ref}: {word}."
 
 
+def count(n: int, noun: str) -> str:
+    """'1 layer', '4 layers', '0 layers': ``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n:,d} {noun}" + ("" if n == 1 else "s")
+
+
 def listing(items) -> str:
     """'1', '1 and 2', '1, 2 and 3'."""
     items = [str(x) for x in items]
