@@ -112,6 +112,7 @@ def test_skip_notes_quote_the_paired_speed_of_each_models_best_ranked_drafter():
     n = ch07.skip_notes(searches, sets, ss, sk, [1, 2], [1], units_by_hand(), 6, 0, cited)
     assert (n["skip_best_model"], n["skip_best_speed"], n["skip_best_lo"], n["skip_best_hi"]) == ("trained", 0.93, 0.9, 0.96)
     assert n["skip_verdict"] == "slower than full depth"
+    assert (n["skip_lo_str"], n["skip_hi_str"], n["skip_best_n_str"]) == ("1 layer", "2 layers", "1 layer")
     assert (n["skip_released_best_speed"], n["skip_trained_best_speed"]) == (1.01, 0.93)
     grid = ch07.skip_notes(searches, sets, ss, sk, [1, 2], [1], units_by_hand(), 6, 0)   # without: the grid's
     assert (grid["skip_best_speed"], grid["skip_verdict"]) == (0.85, "slower than full depth")

@@ -294,6 +294,8 @@ def skip_notes(searches: dict, sets: dict, ss: pd.DataFrame, sk: pd.DataFrame, s
         return costmodel.predict(calls, units)["total"]
 
     return {**out, "skip_d_str": _and(skip_d), "skip_lo": n_lo, "skip_hi": n_hi,
+            "skip_lo_str": count(n_lo, "layer"), "skip_hi_str": count(n_hi, "layer"),
+            "skip_best_n_str": count(int(top["n_skip"]), "layer"),
             "skip_head": f"the shortlist head ({shortlist:,d} rows)" if shortlist else "the full head",
             "skip_agree_lo": float(kept[n_lo]), "skip_agree_hi": float(kept[n_hi]),
             "skip_set_hi": ", ".join(map(str, sets["released"][n_hi])),
