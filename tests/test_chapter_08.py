@@ -186,7 +186,7 @@ def _summ(model, method, label, speed, consistency=1.0):
             "speed_hi": speed + 0.1, "consistency": consistency}
 
 
-def test_drafter_notes_quote_chapter_7s_measurement_of_the_drafter_the_cost_model_ranks_fastest():
+def test_drafter_notes_quote_chapter_7s_measurement_of_the_drafter_the_cost_model_ranks_first():
     from earlyexit.experiments import metrics
 
     summ = pd.DataFrame([_summ("released", "self-speculation", "E=4 d=2", 0.6),
@@ -195,7 +195,8 @@ def test_drafter_notes_quote_chapter_7s_measurement_of_the_drafter_the_cost_mode
                           _summ("trained", "self-speculation, shortlist", "K=8", 0.9)])
     dpts = pd.DataFrame({"exact_match": [1.0, 1.0, 0.0], "model": ["released", "released", "trained"],
                          "method": ["layer-skip drafter", "layer-skip drafter", "self-speculation, shortlist"],
-                         "label": ["skip 2", "skip 2", "K=8"], "measured": [0.8, 1.0, 0.7]})
+                         "label": ["skip 2", "skip 2", "K=8"], "measured": [0.8, 1.0, 0.7],
+                         "acceptance": [0.6, 0.7, 0.5]})
     n = ch08.drafter_notes(summ, dsumm, dpts, {"released": None, "trained": None}, seed=3, n_boot=500)
     assert n["draft_best_released"] == "layer-skip drafter (skip 2)" and n["draft_best_pred_released"] == 1.5
     # the measured speed-up and its interval are chapter 7's: the same bootstrap of the same runs

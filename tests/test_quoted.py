@@ -58,6 +58,8 @@ def test_chapter_8_names_per_model_the_drafter_chapter_7_names():
     assert named.loc["trained", "label"] == "E=4 d=2" and named.loc["trained", "acceptance"] == pytest.approx(0.85)
     assert named.loc["released", "label"] == "skip 4" and list(named.index) == ["trained", "released"]
     assert quoted.named_drafters(summ.assign(consistency=0.5), dsumm.iloc[:0], runs).empty
+    with pytest.raises(ValueError, match="needs the acceptance of each run"):
+        quoted.named_drafters(summ, dsumm, runs.drop(columns="acceptance"))
 
 
 def test_cited_replaces_the_speed_and_keeps_the_rest_of_the_row():
