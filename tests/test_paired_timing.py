@@ -126,3 +126,35 @@ def test_a_batch_is_timed_as_several_groups_and_its_interval_is_over_them(tmp_pa
         grouped.batch_sets(lm, es, [0, 2], groups=2, single=es)
     with pytest.raises(ValueError, match="batch must be"):
         grouped.time_groups(lm, es.subset(2), 4, cfg, batch=3, repeats=1)
+
+
+def test_a_round_paused_by_another_notebooks_quiet_block_is_taken_again(tmp_path, monkeypatch):
+    """Run B of 3042f20 had paired rounds at 0.01x and 15.6x beside rounds at 1.0x: its notebook was suspended
+    mid-decode while another held the machine. A round during which the runner's count of pauses moves is
+    timed again, both halves together."""
+    counts = iter([0, 1, 1, 1])                       # the first attempt spans a pause, the second does not
+    calls = []
+    monkeypatch.setattr(timing, "pauses", lambda: next(counts))
+    assert timing.unpaused(lambda: calls.append(1) or len(calls)) == 2 and len(calls) == 2
+    monkeypatch.setattr(timing, "pauses", lambda: 7)
+    assert timing.unpaused(lambda: "once") == "once", "nothing pauses: one call"
+    flips = iter(range(10_000))                        # a count that always moves: kept after RETAKES tries
+    monkeypatch.setattr(timing, "pauses", lambda: next(flips))
+    calls.clear()
+    timing.unpaused(lambda: calls.append(1))
+    assert len(calls) == timing.RETAKES + 1
+
+    monkeypatch.setattr("earlyexit.paths.CACHE", tmp_path)
+    lm = load_model("tiny-llama")
+    es = evalset.eval_set(lm, "mix", 2, 0, 64)
+    decodes, reads = [], []
+    real = timing.decode
+    monkeypatch.setattr(timing, "decode", lambda *a, **k: decodes.append(1) or real(*a, **k))
+
+    def count():                                      # moves once, inside the first timed round
+        reads.append(1)
+        return 1 if len(reads) >= 2 else 0
+    monkeypatch.setattr(timing, "pauses", count)
+    runs = timing.paired_runs(lm, es, 4, DecodeConfig.early_exit("static", "copy-forward", layer=2), rounds=2)
+    assert len(runs) == 2 * 2
+    assert len(decodes) == 2 + 2 * 2 * 2 + 2, "warm-up, 2 rounds x 2 prompts x (method, reference), one round again"

@@ -62,7 +62,31 @@ def test_quiet_pauses_the_notebook_beside_and_its_kernel_then_resumes_it(gen, ca
     out = capsys.readouterr().out
     assert "asker: quiet for a test measurement; paused ticker" in out
     assert "resumed ticker" in out
-    assert not list((gen / "generated" / ".quiet").iterdir()), "no request or grant is left behind"
+    left = [f.name for f in (gen / "generated" / ".quiet").iterdir() if f.name != quiet.PAUSES]
+    assert not left, "no request or grant is left behind"
+
+
+# a notebook beside that reads the conductor's count of pauses across the asker's first block, then after both
+COUNTER = r"""
+import sys, time
+from earlyexit.quiet import pauses
+a = pauses(); time.sleep(1.5); b = pauses()
+time.sleep(3.0)
+c = pauses(); time.sleep(0.3); d = pauses()
+open(sys.argv[1], "w").write(f"{a} {b} {c} {d}")
+"""
+
+
+def test_a_notebook_paused_beside_a_quiet_block_can_tell_that_it_was(gen):
+    """A timing that spans another notebook's quiet block holds the pause; the count of pauses tells it so (the
+    timing then takes its round again), and a stretch with no block beside reads one count before and after."""
+    held, seen = gen / "held", gen / "seen"
+    cmd = {"counter": [sys.executable, "-c", COUNTER, str(seen)],
+           "asker": [sys.executable, "-c", ASKER, str(held), "hold"]}
+    assert jobs.run_jobs(["counter", "asker"], set(), 2, cmd.__getitem__) == 0
+    a, b, c, d = map(int, seen.read_text().split())
+    assert a == 0 and b > a, "the sleep that spanned a pause saw the count move"
+    assert c == d >= 4, "two blocks: each a pause and a resume; none after them"
 
 
 def test_a_holder_that_dies_inside_its_block_gives_the_machine_back(gen, capsys):

@@ -19,6 +19,12 @@ and ``quiet`` does nothing. Blocks nest (the outer one holds the machine).
 Protocol, through files in the runner's folder: the block writes ``<pid>-<n>.request`` (its reason inside; ``n``
 counts the process's blocks) and waits for ``<pid>-<n>.granted``; it removes both when it ends. :class:`Conductor` (the runner's side) grants the oldest
 request when none is held, and takes a grant back when its files are gone or its process has ended.
+
+A notebook paused in the middle of a timed decode would read its 40 s of pause as decoding time (run B of
+3042f20 had rounds at 0.01x and 15.6x beside rounds at 1.0x, and two such rounds of three move a prompt's median).
+So the conductor counts every pause and every resume in the file :data:`PAUSES` of that folder, before it
+suspends and before it resumes, and :func:`pauses` reads the count: a timing that reads another count after
+than before may have been suspended, and is taken again (:func:`earlyexit.experiments.timing.unpaused`).
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from pathlib import Path
 ENV_DIR = "EARLYEXIT_QUIET_DIR"        # set by the runner for the notebooks it starts
 ENV_RUNNER = "EARLYEXIT_QUIET_RUNNER"  # the runner's pid: a block stops waiting if the runner has gone
 POLL_S = 0.05
+PAUSES = "pauses"                      # the conductor's count of pauses and resumes, in ENV_DIR
 _depth = 0
 _blocks = 0      # this process's quiet blocks so far: each block's files have a name of their own
 
@@ -80,6 +87,18 @@ def quiet(what: str):
         granted.unlink(missing_ok=True)
 
 
+def pauses() -> int:
+    """How many times the runner has paused or resumed the notebooks beside a quiet block so far (0 outside the
+    runner). Read it before and after a timing: a different count means the timing may contain a pause."""
+    folder = os.environ.get(ENV_DIR)
+    if not folder:
+        return 0
+    try:
+        return int((Path(folder) / PAUSES).read_text() or 0)
+    except (OSError, ValueError):
+        return -1                      # unreadable now: differs from a good reading, so the timing is retaken
+
+
 class Conductor:
     """The runner's side: call :meth:`poll` in the loop that watches the notebooks ({name: Popen} of those
     running); it grants a pending request by suspending the other notebooks' process trees, and resumes them
@@ -95,6 +114,15 @@ class Conductor:
         self.holder = ""                           # the notebook it belongs to
         self.paused: list = []                     # psutil.Process objects suspended for it
         self.since = 0.0
+        self.edges = -1                            # pauses and resumes so far (the PAUSES file)
+        self._tick()                               # 0
+
+    def _tick(self) -> None:
+        """Count a pause or a resume (written whole: a reader sees the old count or the new one)."""
+        self.edges += 1
+        tmp = self.folder / f"{PAUSES}.tmp"
+        tmp.write_text(str(self.edges))
+        tmp.replace(self.folder / PAUSES)
 
     def env(self) -> dict:
         """The variables a notebook started by the runner needs to ask for quiet."""
@@ -122,6 +150,8 @@ class Conductor:
 
     def _resume(self) -> None:
         import psutil
+        if self.paused:
+            self._tick()                           # before the paused notebooks can read anything
         for p in self.paused:
             try:
                 p.resume()
@@ -148,6 +178,8 @@ class Conductor:
                 continue
             owner = self._owner(pid, running)
             others = [n for n in running if n != owner]
+            if others:
+                self._tick()                       # before any of them stops: a timing under way will see it
             for n in others:
                 for p in self._tree(running[n]):
                     try:
