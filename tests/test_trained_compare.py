@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from earlyexit import paths
+from earlyexit.chapters import quoted
 from earlyexit.experiments import compare, metrics
 from earlyexit.book import handoff, params
 from earlyexit.experiments import points, evalset
@@ -369,8 +370,8 @@ def test_chapter_sevens_drafters_in_the_table_are_lossless_and_read_back_from_th
     again = compare.drafter_points(lm, sset, N, [(2, 2), (3, 2), (3, 3)], p7, L, units, plain=True)
     pd.testing.assert_frame_equal(again, pts)
     summ = compare.summarize(pts.assign(model="m"), n_boot=100, by=("model", "method", "label"))
-    top = compare.fastest_lossless(summ)
-    assert top.loc["m", "speed"] == summ["speed"].max()
+    top = quoted.named_drafters(summ, summ[summ.method != "self-speculation"], pts.assign(model="m"))
+    assert top.loc["m", "speed"] >= (1 - quoted.RANK_TOL) * summ["speed"].max(), "named within the band of the fastest"
     tab = compare.wide_table(compare.best_at(summ, 0.95, by=("model", "method")), {"m": "M"}, {"m": L})
     assert tab["method"].tolist() == ["self-speculation", *compare.DRAFTERS]
 

@@ -63,10 +63,10 @@ def named_drafters(summ: pd.DataFrame, dsumm: pd.DataFrame, runs: pd.DataFrame) 
     is the cost model's) that chapter 8 names: :func:`first_ranked` over that speed and the mean acceptance of its
     ``runs`` (rows with model, method, label and acceptance), as chapter 7 names its drafters; indexed by model (a
     model with no lossless configuration has no row)."""
-    pool = pd.concat([summ[summ.method == "self-speculation"], dsumm], ignore_index=True)
-    pool = pool[pool["consistency"] >= 1 - 1e-9]
     if "acceptance" not in runs.columns:
         raise ValueError("named_drafters needs the acceptance of each run (a column 'acceptance' of runs)")
+    pool = pd.concat([summ[summ.method == "self-speculation"], dsumm], ignore_index=True)
+    pool = pool[pool["consistency"] >= 1 - 1e-9]
     acc = runs.groupby(["model", "method", "label"])["acceptance"].mean()
     pool = pool.assign(acceptance=[float(acc.get((m, me, la), float("nan")))
                                    for m, me, la in zip(pool["model"], pool["method"], pool["label"])])

@@ -222,13 +222,6 @@ def best_at(summ: pd.DataFrame, target: float = 0.95, by=("method",)) -> pd.Data
     return pd.DataFrame(rows)
 
 
-def fastest_lossless(summ: pd.DataFrame) -> pd.DataFrame:
-    """Per model of a :func:`summarize` table, its fastest point whose every output equals full depth's
-    (consistency 1: the self-speculative drafters); indexed by model."""
-    ok = summ[summ["consistency"] >= 1 - 1e-9]
-    return ok.loc[ok.groupby("model", sort=False)["speed"].idxmax()].set_index("model")
-
-
 def pareto_front(summ: pd.DataFrame, x: str = "layers", y: str = "consistency", lower_x_is_better: bool = True):
     """The points not dominated in (x, y): fewer layers (or more speed) and more consistency."""
     pts = summ.sort_values([x, y], ascending=[lower_x_is_better, False])
