@@ -96,3 +96,32 @@ def test_a_sentence_that_changes_its_words_is_found_and_one_that_changes_numbers
     assert list(w["key"]) == ["lazy_eager_sentence"]
     assert w.loc[0, "a"].startswith("Batching") and w.loc[0, "b"].startswith("Lazy")
     assert agreement.wording(a, a).empty
+
+
+def test_the_odds_of_a_changed_verdict_grow_as_a_bound_nears_one():
+    far = agreement.change_odds((1.30, 1.25, 1.35), (1.31, 1.26, 1.36), 0.012)
+    wide = agreement.change_odds((1.00, 0.80, 1.25), (1.01, 0.81, 1.26), 0.012)
+    r = 1.1 ** 0.5                                                            # intervals are symmetric in logs
+    edge = agreement.change_odds((r, 1.00, 1.10), (r, 1.00, 1.10), 0.012)
+    assert far < 1e-6 and wide < 1e-6
+    # the lower bound at 1.0 exactly: each run calls it faster half the time, so two runs differ half the time
+    assert abs(edge - 0.5) < 1e-9
+    slower = agreement.change_odds((1 / r, 1 / 1.10, 1.0), (1 / r, 1 / 1.10, 1.0), 0.012)
+    assert abs(slower - edge) < 1e-9                                          # the same on the slow side
+    assert 0 < agreement.change_odds((1.05, 1.01, 1.09), (1.05, 1.01, 1.09), 0.012) < edge
+    assert agreement.change_odds((1.0, float("nan"), 1.1), (1.0, 0.9, 1.1), 0.012) != \
+        agreement.change_odds((1.0, float("nan"), 1.1), (1.0, 0.9, 1.1), 0.012)   # NaN: no intervals
+    assert agreement.change_odds((1.05, 1.0, 1.1), (1.05, 1.0, 1.1), 0.0) != \
+        agreement.change_odds((1.05, 1.0, 1.1), (1.05, 1.0, 1.1), 0.0)         # no spread: NaN, not a guess
+
+
+def test_the_summary_states_the_changes_two_runs_should_expect(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    _nb(a / "03_x.ipynb", {"speed_x": "1.05× [1.00, 1.10]", "speed_y": "1.30× [1.25, 1.35]"})
+    _nb(b / "03_x.ipynb", {"speed_x": "1.05× [1.00, 1.10]", "speed_y": "1.30× [1.25, 1.35]"})
+    t = agreement.compare(a, b)
+    assert agreement.summary(t).endswith("0 change verdict")
+    assert agreement.summary(t, 0.012).endswith(
+        "0 change verdict, where a run-to-run spread of 0.012 expects 0.5 (1 ratio with a bound so near 1.0 that "
+        "two runs differ at least 1 time in 5)")

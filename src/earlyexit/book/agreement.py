@@ -20,11 +20,13 @@ import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from statistics import NormalDist
 
 import pandas as pd
 
 from ..experiments.speeds import verdict
 from .consistency import glued, is_figure, pages
+from .params import COMMON
 
 # the result-store kinds that hold wall-clock measurements (cleared between two timing runs)
 TIMED = ("timing", "timing_replay", "spec_point", "side_by_side", "paired_timing", "cost_units", "cost_units_paths",
@@ -96,12 +98,36 @@ def compare(a: Path, b: Path) -> pd.DataFrame:
                                        "consistent", "same_verdict"])
 
 
-def summary(t: pd.DataFrame) -> str:
+def change_odds(a: tuple, b: tuple, run_sd: float) -> float:
+    """The chance that two independent timing runs of one commit give one configuration different verdicts, from
+    its two readings (ratio, lo, hi): each run's log ratio taken as the readings' mean log ratio plus a normal error
+    of standard deviation ``run_sd`` (the profile's ``timing_run_sd``), its interval as the readings' mean
+    half-width in log space. A ratio whose bound lies near 1.0 changes verdict about half the time whatever the
+    protocol; one whose interval sits far from 1.0, or wide around it, almost never. NaN without intervals."""
+    logs = [math.log(v) if v > 0 and math.isfinite(v) else math.nan for v in (*a, *b)]
+    if any(math.isnan(v) for v in logs) or not run_sd > 0:
+        return math.nan
+    x, xl, xh, y, yl, yh = logs
+    mu, half = (x + y) / 2, ((xh - xl) + (yh - yl)) / 4
+    n = NormalDist()
+    faster, slower = n.cdf((mu - half) / run_sd), n.cdf((-mu - half) / run_sd)
+    same = faster ** 2 + slower ** 2 + max(0.0, 1 - faster - slower) ** 2
+    return 1 - same
+
+
+def summary(t: pd.DataFrame, run_sd: float | None = None) -> str:
     """One line: how many ratios, how many disagree, how many differ by more than their intervals allow, how
-    many change verdict."""
-    return (f"{len(t)} paired ratios in both builds; {int((~t['agree']).sum())} disagree (one build's ratio outside "
+    many change verdict; with ``run_sd``, how many verdict changes two runs should expect (:func:`change_odds`)."""
+    line = (f"{len(t)} paired ratios in both builds; {int((~t['agree']).sum())} disagree (one build's ratio outside "
             f"the other's interval); {int((~t['consistent']).sum())} differ by more than the difference's 95% "
             f"interval; {int((~t['same_verdict']).sum())} change verdict")
+    if run_sd is None or not len(t):
+        return line
+    odds = [change_odds((r.a, r.a_lo, r.a_hi), (r.b, r.b_lo, r.b_hi), run_sd) for r in t.itertuples()]
+    near = sum(p >= 0.2 for p in odds if p == p)
+    return (line + f", where a run-to-run spread of {run_sd:g} expects {math.fsum(p for p in odds if p == p):.1f} "
+            f"({near} ratio{'' if near == 1 else 's'} with a bound so near 1.0 that two runs differ at least 1 time "
+            f"in 5)")
 
 
 NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*")
@@ -162,7 +188,7 @@ def main(argv=None) -> int:
     w = wording(Path(args[0]), Path(args[1]))
     for r in w.itertuples():
         print(f"{r.page} {r.key}:\n  a: {r.a}\n  b: {r.b}")
-    print(summary(t))
+    print(summary(t, COMMON["timing_run_sd"].default))
     print(f"{len(w)} glued sentence{'' if len(w) == 1 else 's'} change wording (numbers aside)")
     return 0
 
