@@ -23,6 +23,15 @@ def test_shared_facts_agree_and_a_changed_one_is_named(tmp_path):
     assert len(problems) == 1 and "'head_layers' has 2 values" in problems[0] and "02_a: 7.8" in problems[0]
 
 
+def test_a_page_may_state_its_own_timing_prompts_in_words(tmp_path):
+    # the cpu book times 6 prompts in chapter 3 and 12 in chapter 4: a per-page count, as number and as phrase
+    _nb(tmp_path / "03_a.ipynb", {"timing_prompts": "6", "timing_prompts_str": "'6 prompts'", "head_layers": "7.8"})
+    _nb(tmp_path / "04_b.ipynb", {"timing_prompts": "12", "timing_prompts_str": "'12 prompts'", "head_layers": "7.8"})
+    assert consistency.check(["03_a", "04_b"], tmp_path) == []
+    _nb(tmp_path / "04_b.ipynb", {"timing_prompts_str": "'12 prompts'", "head_layers": "7.3"})
+    assert len(consistency.check(["03_a", "04_b"], tmp_path)) == 1                   # other facts still checked
+
+
 @pytest.mark.browser
 def test_the_built_book_glues_one_value_per_fact():
     """Run after the book is built (`make test` builds the smoke book first): every glue key that two pages share

@@ -36,8 +36,10 @@ def pages(folder: Path | None = None) -> list[Path]:
 
 
 # what a page says of its own run: each page states the CPU threads it ran with, the tokens its runs generate and
-# how many prompts and rounds its own timings took (a chapter may time more prompts than another)
-PER_PAGE = frozenset({"threads", "threads_phrase", "n_new", "timing_prompts", "timing_repeats"})
+# how many prompts and rounds its own timings took (a chapter may time more prompts than another), as a number and
+# as the counted phrase that states it ("12 prompts", words.count)
+PER_PAGE = frozenset({"threads", "threads_phrase", "n_new", "timing_prompts", "timing_repeats", "timing_prompts_str",
+                      "timing_repeats_str"})
 
 
 def is_figure(key: str, value) -> bool:
