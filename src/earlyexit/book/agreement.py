@@ -123,9 +123,10 @@ def summary(t: pd.DataFrame, run_sd: float | None = None) -> str:
             f"interval; {int((~t['same_verdict']).sum())} change verdict")
     if run_sd is None or not len(t):
         return line
-    odds = [change_odds((r.a, r.a_lo, r.a_hi), (r.b, r.b_lo, r.b_hi), run_sd) for r in t.itertuples()]
-    near = sum(p >= 0.2 for p in odds if p == p)
-    return (line + f", where a run-to-run spread of {run_sd:g} expects {math.fsum(p for p in odds if p == p):.1f} "
+    odds = [p for r in t.itertuples()
+            if not math.isnan(p := change_odds((r.a, r.a_lo, r.a_hi), (r.b, r.b_lo, r.b_hi), run_sd))]
+    near = sum(p >= 0.2 for p in odds)
+    return (line + f", where a run-to-run spread of {run_sd:g} expects {math.fsum(odds):.1f} "
             f"({near} ratio{'' if near == 1 else 's'} with a bound so near 1.0 that two runs differ at least 1 time "
             f"in 5)")
 
