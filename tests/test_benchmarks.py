@@ -60,3 +60,9 @@ def test_busy_benchmark_runs_a_chapter_cold_quiet_and_contended():
     out = run("benchmarks/bench_busy.py", "--profile", "smoke", "--only", "01_kv_cache_invariant",
               "--set", "threads=auto")
     assert "quiet" in out and "one busy process" in out and "busy / quiet =" in out
+
+
+def test_timing_benchmark_prints_both_estimators_of_an_aa_ratio():
+    out = run("benchmarks/bench_timing.py", "--model", "tiny-llama", "--prompts", "2", "--rounds", "2", "--tokens", "4",
+              "--blocks", "1")
+    assert "median of rounds %" in out and "step floor %" in out and out.count("\n    0 ") == 1 and "  all " in out

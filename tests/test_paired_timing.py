@@ -158,3 +158,47 @@ def test_a_round_paused_by_another_notebooks_quiet_block_is_taken_again(tmp_path
     runs = timing.paired_runs(lm, es, 4, DecodeConfig.early_exit("static", "copy-forward", layer=2), rounds=2)
     assert len(runs) == 2 * 2
     assert len(decodes) == 2 + 2 * 2 * 2 + 2, "warm-up, 2 rounds x 2 prompts x (method, reference), one round again"
+
+
+class _Run:
+    def __init__(self, steps):
+        self.meta = {} if steps is None else {"step_s": list(steps)}
+
+
+def test_the_step_floor_takes_each_steps_fastest_round():
+    """On the reference machine one step of full depth takes 46-68 ms (1st-99th percentile): each step's fastest
+    time over the rounds leaves out what the machine did meanwhile, since a step's work is the same each round."""
+    runs = [_Run([0.05, 0.09, 0.05]), _Run([0.07, 0.05, 0.05]), _Run([0.05, 0.05, 0.08])]
+    assert timing.step_floor(runs) == pytest.approx(0.15), "a burst in any one round does not count"
+    assert timing.step_floor(runs[:1]) == pytest.approx(0.19), "one round: its own total"
+    assert math.isnan(timing.step_floor([_Run([0.05]), _Run([0.05, 0.05])])), "steps that do not line up"
+    assert math.isnan(timing.step_floor([_Run([0.05]), _Run(None)])), "a peer without per-step times"
+    assert math.isnan(timing.step_floor([]))
+
+
+def test_a_groups_floor_ratio_is_its_ratio_and_the_median_stands_in_without_one():
+    runs = _runs([[2.0, 2.0, 2.0], [0.5, 0.5, 0.5]])
+    runs["group_ratio"] = [1.1] * 3 + [float("nan")] * 3
+    s = speeds.paired_ratio(runs)
+    assert s["ratio"] == pytest.approx(math.sqrt(1.1 * 0.5)), "group 0's floor ratio; group 1's median"
+    assert speeds.paired_ratio(runs.drop(columns="group_ratio"))["ratio"] == pytest.approx(1.0)
+
+
+def test_every_decoding_step_is_timed_and_the_floor_makes_the_ratio(tmp_path, monkeypatch):
+    monkeypatch.setattr("earlyexit.paths.CACHE", tmp_path)
+    lm = load_model("tiny-llama")
+    es = evalset.eval_set(lm, "mix", 2, 0, 64)
+    cfg = DecodeConfig.early_exit("static", "copy-forward", layer=2)
+    r = decode(lm, es.ids[:2], cfg, 6, stop_at_eos=False)
+    assert len(r.meta["step_s"]) == 6 and min(r.meta["step_s"]) > 0
+    assert sum(r.meta["step_s"]) == pytest.approx(timing.decode_seconds(r), rel=0.05, abs=2e-3)
+    sp = decode(lm, es.ids[:1], DecodeConfig.self_speculation(3, 2), 6, stop_at_eos=False)
+    assert len(sp.meta["step_s"]) == int(sp.rounds[0]) and min(sp.meta["step_s"]) > 0, "a round of self-speculation"
+    assert "step_s" not in decode(lm, es.ids[:1], DecodeConfig.hf_generate(), 6, stop_at_eos=False).meta
+    t = timing.time_point(lm, es, 6, cfg, batch=1, repeats=3)
+    for _, row in t.iterrows():
+        med = sorted(float(x) for x in row["round_ratios"].split())[1]
+        assert row["ratio"] > 0 and row["ratio"] != pytest.approx(med, rel=1e-9), "the floor, not the median"
+    runs = timing.paired_runs(lm, es, 6, cfg, rounds=2)
+    assert (runs["method_floor_s"] <= runs["method_s"] + 1e-9).all() and (runs["ref_floor_s"] <= runs["ref_s"] + 1e-9).all()
+    assert (runs["group_ratio"] == runs["ref_floor_s"] / runs["method_floor_s"]).all()

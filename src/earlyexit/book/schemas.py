@@ -201,7 +201,7 @@ SELF_SPECULATIVE = register(
         paired_prompts=Param(int, 6, "prompts of the paired timing of every speed the text quotes (each decoded "
                              "alone)", range=(1, 10_000)),
         paired_rounds=Param(int, 3, "rounds of that timing: the drafter and full depth in turn, the order "
-                            "alternating; each prompt's median round counts", range=(1, 100)),
+                            "alternating; each decoding step's fastest round counts", range=(1, 100)),
         peer=Param(bool, True, "also time transformers' generate(assistant_early_exit=E) at every point"),
         strategy_thresholds=Param(list, [0.9, 0.99], "thresholds of the cache strategies re-run on the trained "
                                   "model", item=float, range=(1e-6, 1.0)),

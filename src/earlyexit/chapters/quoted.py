@@ -93,6 +93,7 @@ def protocol_note(n_prompts: int, rounds: int, n_screen: int, screen_runs: int =
     runs = "one run each" if screen_runs == 1 else f"the fastest of {screen_runs} runs each"
     return (f"each speed the text quotes is timed again on {words.count(n_prompts, 'prompt')}, the drafter and full depth "
             f"alternating for {words.count(rounds, 'round')}, decoding steps only (the prompt pass taken out of each run); "
-            f"its ratio is the geometric mean over prompts of each prompt's median ratio, and "
+            f"its ratio is the geometric mean over prompts of each prompt's ratio of step floors (each decoding step's "
+            f"fastest time over the rounds, summed, for each), and "
             f"{words.interval_rule(run_sd)}. "
             f"The grid's own numbers are the screen that chose it: {words.count(n_screen, 'prompt')}, {runs}")

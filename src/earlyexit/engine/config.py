@@ -300,7 +300,7 @@ class SelfSpeculation(_Drafting):
             counts["head_checks"][t] += sp.heads[i]
             counts["drafted"][t] += sp.drafted[i]
             counts["accepted"][t] += sp.accepted[i]
-        return Row(sp.tokens, sp.wall_s, counts, sp.prefill_s, len(sp.round_start), sp.calls, sp.state)
+        return Row(sp.tokens, sp.wall_s, counts, sp.prefill_s, len(sp.round_start), sp.calls, sp.state, sp.step_s)
 
 
 @dataclass(frozen=True)

@@ -258,6 +258,7 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
     exit_layer[:, 0] = L
     prompt_pass(eng.counts, L)
     rows = torch.arange(B)
+    step_s, last = [], now(dev)     # each step's wall seconds: timing.step_floor takes their minimum over rounds
     it = bar(range(N), show=progress, desc=config.label, leave=False)
     for t in it:
         eng.t = t
@@ -278,8 +279,11 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
         if eos_set:
             done = torch.tensor([int(x) in eos_set for x in pred.tolist()], dtype=torch.bool)
             rows = rows[~done]
-            if len(rows) == 0:
-                break
+        tn = now(dev)
+        step_s.append(tn - last)
+        last = tn
+        if len(rows) == 0:
+            break
     wall = now(dev) - t0
     col_exit[:, P + N - 1:] = 0   # the last prediction is never fed back
     for b in range(B):
@@ -297,4 +301,4 @@ def early_exit(A: Adapter, prompts: list[list[int]], max_new_tokens: int, rule: 
                   state=state, col_exit=col_exit, prompt_len=P, pad=pad, num_layers=L, wall_s=wall,
                   logits=all_logits, kv=kv, pending=pending, flushed_state=flushed,
                   cache_bytes=eng.cache.nbytes, meta={"rule": rule.name, "strategy": strategy.name, "calls": calls,
-                        "prefill_s": prefill_s})
+                        "prefill_s": prefill_s, "step_s": step_s})

@@ -107,6 +107,7 @@ class Row:
     rounds: int | None = None
     calls: dict = field(default_factory=dict)
     state: torch.Tensor | None = None       # (L, C) provenance map of the row's cache, where there is one
+    step_s: list | None = None              # wall seconds of each decoding step or round, where the method can tell
 
 
 def one_by_one(config, A, lm, prompts: list[list[int]], N: int, *, pad_id: int, eos_set: set, stop_at_eos: bool,
@@ -120,7 +121,7 @@ def one_by_one(config, A, lm, prompts: list[list[int]], N: int, *, pad_id: int, 
     n_new = torch.zeros(B, dtype=torch.long)
     rounds = torch.zeros(B, dtype=torch.long)
     has_rounds = False
-    walls, prefills = [], []
+    walls, prefills, steps = [], [], []
     calls = {"prefill": Counter(), "decode": Counter()}
     state = None
     for b, p in enumerate(prompts):
@@ -134,6 +135,7 @@ def one_by_one(config, A, lm, prompts: list[list[int]], N: int, *, pad_id: int, 
         n_new[b] = n
         walls.append(row.wall_s)
         prefills.append(row.prefill_s)
+        steps = None if steps is None or row.step_s is None else steps + list(row.step_s)
         if row.rounds is not None:
             rounds[b], has_rounds = row.rounds, True
         for ph, c in row.calls.items():
@@ -148,4 +150,5 @@ def one_by_one(config, A, lm, prompts: list[list[int]], N: int, *, pad_id: int, 
                   counts=counts, state=state, col_exit=None, prompt_len=P, pad=pad, num_layers=L,
                   wall_s=float(sum(walls)), rounds=rounds if has_rounds else None,
                   meta={"wall_s_rows": walls, "prefill_s_rows": prefills, "prefill_s": float(sum(prefills)),
+                        **({"step_s": steps} if steps is not None else {}),
                         "calls": {ph: dict(sorted(c.items())) for ph, c in calls.items()}})

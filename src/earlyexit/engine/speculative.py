@@ -47,6 +47,7 @@ class SpecRun:
     cache_len: int = 0
     state: torch.Tensor | None = None                      # (L, C) provenance map of the shared cache
     calls: dict = field(default_factory=dict)              # what ran, by kind and size (see Engine.calls)
+    step_s: list[float] = field(default_factory=list)      # wall seconds of each round (draft, verify, accept)
 
 
 def shortlist_ids(lm, A: Adapter, K: int) -> torch.Tensor:
@@ -130,6 +131,7 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
     c = P
     bar = progress_bar(total=max_new_tokens, show=progress, desc=f"self-spec E={E} d={d}", leave=False)
     bar.update(1)
+    last = now(dev)
     while len(out) < max_new_tokens and not (eos_set and out[-1] in eos_set):
         eng.tally("steps")
         # 1. draft
@@ -170,6 +172,9 @@ def self_speculative(A: Adapter, prompt: list[int], max_new_tokens: int, exit_la
             if eos_set and t in eos_set:
                 break
         x = out[-1]
+        tn = now(dev)
+        sp.step_s.append(tn - last)
+        last = tn
     bar.close()
     sp.wall_s = now(dev) - t0
     sp.cache_len = c

@@ -68,7 +68,9 @@ def verdict(lo: float, hi: float) -> str:
 
 def paired_ratio(runs: pd.DataFrame, run_sd: float | None = None) -> dict:
     """The method's speed relative to its reference from :func:`~earlyexit.experiments.timing.paired_runs` rows (``group``, ``round``,
-    ``ratio``): each group's median ratio over rounds, their geometric mean over groups (``ratio``) and its 95%
+    ``ratio``, optionally ``group_ratio``): each group's ratio (its ``group_ratio`` where finite, the ratio of its
+    steps' fastest times over the rounds, :func:`~earlyexit.experiments.timing.step_floor`; else its median ratio
+    over rounds), their geometric mean over groups (``ratio``) and its 95%
     interval (``lo``, ``hi``): the t-interval over groups (with a single group, over its rounds' log ratios), its
     half-width in log space combined in quadrature with 1.96 run-to-run standard deviations ``run_sd`` (default:
     :func:`run_sd`), so that the interval covers what a second timing run of the same commit would read, not only
@@ -76,7 +78,11 @@ def paired_ratio(runs: pd.DataFrame, run_sd: float | None = None) -> dict:
     different" (also when one run leaves no interval: ``lo`` and ``hi`` NaN); ``digits`` is how many decimals the
     interval supports (its half-width to one significant figure, 1 to 3); ``run_sd`` is the term used."""
     sd = _RUN_SD if run_sd is None else checked_run_sd(run_sd)
-    per = np.log(runs.groupby("group")["ratio"].median().to_numpy())
+    per = runs.groupby("group")["ratio"].median()
+    if "group_ratio" in runs.columns:
+        floor = runs.groupby("group")["group_ratio"].first()
+        per = floor.where(np.isfinite(floor), per)
+    per = np.log(per.to_numpy(dtype=float))
     logs = per if len(per) > 1 else np.log(runs["ratio"].to_numpy())
     m = float(logs.mean())
     if len(logs) > 1:
@@ -93,7 +99,7 @@ def paired_ratio(runs: pd.DataFrame, run_sd: float | None = None) -> dict:
 def speed(tp: pd.DataFrame) -> dict:
     """The speed relative to full depth of a :func:`~earlyexit.experiments.timing.time_point` table (or several concatenated rows of one
     configuration), as :func:`paired_ratio` gives it: ratio, lo, hi, verdict, digits, groups, rounds, run_sd."""
-    rows = [{"group": i, "round": k, "ratio": float(x)}
+    rows = [{"group": i, "round": k, "ratio": float(x), "group_ratio": float(getattr(r, "ratio", math.nan))}
             for i, r in enumerate(tp.itertuples()) for k, x in enumerate(str(r.round_ratios).split())]
     return paired_ratio(pd.DataFrame(rows))
 
