@@ -3,6 +3,8 @@ changed verdict found."""
 import json
 import math
 
+import pytest
+
 from earlyexit.book import agreement
 
 
@@ -124,3 +126,19 @@ def test_the_summary_states_the_changes_two_runs_should_expect(tmp_path):
     assert agreement.summary(t, 0.012).endswith(
         "0 change verdict, where a run-to-run spread of 0.012 expects 0.5 (1 ratio with a bound so near 1.0 that "
         "two runs differ at least 1 time in 5)")
+
+
+def test_the_expectation_uses_the_spread_the_builds_recorded(tmp_path):
+    """The summary's expected count used the parameter's default whatever the compared builds were built with."""
+    def page(folder, sd):
+        folder.mkdir(exist_ok=True)
+        cells = [{"cell_type": "code", "metadata": {"tags": ["injected-parameters"]},
+                  "source": f"# Parameters\nmodel = \"x\"\ntiming_run_sd = {sd}\nthreads = 1\n", "outputs": []}]
+        (folder / "03_x.ipynb").write_text(json.dumps({"cells": cells}))
+    a, b, c, d = (tmp_path / n for n in "abcd")
+    page(a, 0.007), page(b, 0.007), page(c, 0.012)
+    d.mkdir()
+    assert agreement.recorded_run_sd(a, b) == 0.007
+    assert agreement.recorded_run_sd(d) == agreement.COMMON["timing_run_sd"].default, "nothing recorded"
+    with pytest.raises(ValueError, match=r"different run-to-run spreads \(timing_run_sd \[0.007, 0.012\]\)"):
+        agreement.recorded_run_sd(a, c)

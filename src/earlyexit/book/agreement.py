@@ -131,6 +131,29 @@ def summary(t: pd.DataFrame, run_sd: float | None = None) -> str:
             f"in 5)")
 
 
+RUN_SD_LINE = re.compile(r"^timing_run_sd\s*=\s*([0-9.eE+-]+)\s*$", re.M)
+
+
+def recorded_run_sd(*folders: Path) -> float:
+    """The run-to-run spread (``timing_run_sd``) the executed pages of ``folders`` were built with, read from
+    the parameters papermill injected into each page, so that two builds are compared under the spread their
+    intervals used. Falls back to the parameter's default where no page records one; a ValueError when the pages
+    recorded different values (two builds with different spreads cannot share one expectation)."""
+    import json
+
+    seen = set()
+    for folder in folders:
+        for nb in pages(folder):
+            for cell in json.loads(nb.read_text()).get("cells", []):
+                if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+                    src = "".join(cell.get("source", []))
+                    seen.update(float(m) for m in RUN_SD_LINE.findall(src))
+    if len(seen) > 1:
+        raise ValueError(f"the pages were built with different run-to-run spreads (timing_run_sd {sorted(seen)}): "
+                         "compare two builds of one profile")
+    return seen.pop() if seen else float(COMMON["timing_run_sd"].default)
+
+
 NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*")
 
 
@@ -189,7 +212,7 @@ def main(argv=None) -> int:
     w = wording(Path(args[0]), Path(args[1]))
     for r in w.itertuples():
         print(f"{r.page} {r.key}:\n  a: {r.a}\n  b: {r.b}")
-    print(summary(t, COMMON["timing_run_sd"].default))
+    print(summary(t, recorded_run_sd(Path(args[0]), Path(args[1]))))
     print(f"{len(w)} glued sentence{'' if len(w) == 1 else 's'} change wording (numbers aside)")
     return 0
 
