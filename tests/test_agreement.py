@@ -132,9 +132,8 @@ def test_the_expectation_uses_the_spread_the_builds_recorded(tmp_path):
     """The summary's expected count used the parameter's default whatever the compared builds were built with."""
     def page(folder, sd):
         folder.mkdir(exist_ok=True)
-        cells = [{"cell_type": "code", "metadata": {"tags": ["injected-parameters"]},
-                  "source": f"# Parameters\nmodel = \"x\"\ntiming_run_sd = {sd}\nthreads = 1\n", "outputs": []}]
-        (folder / "03_x.ipynb").write_text(json.dumps({"cells": cells}))
+        meta = {"earlyexit": {"notebook": "03_x", "parameters": {"model": "x", "timing_run_sd": sd, "threads": 1}}}
+        (folder / "03_x.ipynb").write_text(json.dumps({"cells": [], "metadata": meta}))
     a, b, c, d = (tmp_path / n for n in "abcd")
     page(a, 0.007), page(b, 0.007), page(c, 0.012)
     d.mkdir()

@@ -25,7 +25,7 @@ from statistics import NormalDist
 import pandas as pd
 
 from ..experiments.speeds import verdict
-from .consistency import glued, is_figure, pages
+from .consistency import glued, is_figure, page_record, pages
 from .params import COMMON
 
 # the result-store kinds that hold wall-clock measurements (cleared between two timing runs)
@@ -131,23 +131,14 @@ def summary(t: pd.DataFrame, run_sd: float | None = None) -> str:
             f"in 5)")
 
 
-RUN_SD_LINE = re.compile(r"^timing_run_sd\s*=\s*([0-9.eE+-]+)\s*$", re.M)
-
-
 def recorded_run_sd(*folders: Path) -> float:
     """The run-to-run spread (``timing_run_sd``) the executed pages of ``folders`` were built with, read from
-    the parameters papermill injected into each page, so that two builds are compared under the spread their
-    intervals used. Falls back to the parameter's default where no page records one; a ValueError when the pages
-    recorded different values (two builds with different spreads cannot share one expectation)."""
-    import json
-
-    seen = set()
-    for folder in folders:
-        for nb in pages(folder):
-            for cell in json.loads(nb.read_text()).get("cells", []):
-                if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
-                    src = "".join(cell.get("source", []))
-                    seen.update(float(m) for m in RUN_SD_LINE.findall(src))
+    the parameters the runner recorded in each page (:func:`~earlyexit.book.consistency.page_record`), so that
+    two builds are compared under the spread their intervals used. Falls back to the parameter's default where no
+    page records one; a ValueError when the pages recorded different values (two builds with different spreads
+    cannot share one expectation)."""
+    seen = {float(v) for folder in folders for nb in pages(folder)
+            if (v := page_record(nb).get("parameters", {}).get("timing_run_sd")) is not None}
     if len(seen) > 1:
         raise ValueError(f"the pages were built with different run-to-run spreads (timing_run_sd {sorted(seen)}): "
                          "compare two builds of one profile")

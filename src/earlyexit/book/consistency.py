@@ -28,6 +28,15 @@ def glued(path: Path) -> dict:
     return out
 
 
+def page_record(path: Path) -> dict:
+    """The ``earlyexit`` metadata the runner wrote into an executed page (its parameters, commit, duration...);
+    {} when the page is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text()).get("metadata", {}).get("earlyexit", {}) or {}
+    except (OSError, ValueError):
+        return {}
+
+
 def pages(folder: Path | None = None) -> list[Path]:
     """The executed pages in ``folder`` (default ``book/generated``), by name: every ``<name>.ipynb`` but the
     runner's ``.<name>.running.ipynb``, the half-written copy of a chapter still executing."""

@@ -38,6 +38,7 @@ from .. import paths
 from .. import progress as progress_mod
 from ..files import atomic_write_bytes, canonical
 from . import params as params_mod
+from .consistency import page_record
 from .profiles import (GENERATED_PREFIX, PROFILE_KEYS, Profile, UsageError,  # noqa: F401
                        available_profiles, execution_order, load_profile, toc_notebooks, toc_path, toc_root)
 from .provenance import git_info, rerun_command, software
@@ -107,13 +108,7 @@ def run_hash(name: str, parameters: dict, code: str | None = None) -> str:
 
 def recorded(name: str) -> dict:
     """The earlyexit metadata of the executed copy of ``name`` ({} if none or unreadable)."""
-    p = executed_path(name)
-    if not p.exists():
-        return {}
-    try:
-        return json.loads(p.read_text()).get("metadata", {}).get("earlyexit", {}) or {}
-    except (OSError, ValueError):
-        return {}
+    return page_record(executed_path(name))
 
 
 def _fold(cell, prompt: str) -> None:
