@@ -66,3 +66,27 @@ def test_what_is_not_one_build_is_refused_before_writing(tmp_path):
     with pytest.raises(ValueError, match="already holds pages"):
         record.keep(mixed, out)
     assert record.main([str(mixed), str(out)]) == 1 and record.main([]) == 2
+
+
+def test_machines_are_told_apart(tmp_path, monkeypatch):
+    here = record.machine()
+    assert set(here) == {"cpu", "features", "cores", "memory_gib"} and here["cores"] >= 1
+    assert set(here["features"]) <= set(record.FEATURES)
+    other = dict(here, features=["avx2", "fma", "avx512f"], cores=here["cores"] + 2)
+    assert record.differences(here, here) == []
+    d = record.differences(other, dict(other, features=["avx2", "fma"]))
+    assert d == ["features avx2, fma, avx512f against avx2, fma"]
+    assert record.differences({"features": []}, {"features": ["avx2"]})[0] == "features none against avx2"
+
+    built, kept = tmp_path / "generated", tmp_path / "kept"
+    built.mkdir()
+    _page(built / "04_x.ipynb", {"speed_lazy": "0.93× [0.88, 0.98]"})
+    record.keep(built, kept)
+    assert record.main(["compare", str(kept), str(built)]) == 0                 # this machine made it
+    m = json.loads((kept / "build.json").read_text())
+    m["machine"] = other
+    (kept / "build.json").write_text(json.dumps(m))
+    assert record.main(["compare", str(kept), str(built)]) == 1                 # another machine: refused
+    assert record.main(["compare", str(kept), str(built), "--any-machine"]) == 0
+    assert record.main(["compare", str(built), str(kept)]) == 1                 # pages, not a kept build
+    assert record.main(["compare", str(kept)]) == 2
