@@ -68,7 +68,7 @@ def test_what_is_not_one_build_is_refused_before_writing(tmp_path):
     assert record.main([str(mixed), str(out)]) == 1 and record.main([]) == 2
 
 
-def test_machines_are_told_apart(tmp_path, monkeypatch):
+def test_machines_are_told_apart(tmp_path):
     here = record.machine()
     assert set(here) == {"cpu", "features", "cores", "memory_gib"} and here["cores"] >= 1
     assert set(here["features"]) <= set(record.FEATURES)

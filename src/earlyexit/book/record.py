@@ -24,10 +24,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .consistency import page_record, pages
-
-TEXT = "text/plain"
-
+from .consistency import glued, page_record, pages
 
 # the CPU features that decide which kernels torch and oneDNN pick (two machines that differ in one of these time
 # the same code differently, so their builds' ratios are not one measurement)
@@ -66,19 +63,11 @@ def differences(a: dict, b: dict) -> list[str]:
 
 
 def stripped(page: Path) -> dict:
-    """The notebook ``page`` reduced to its glue outputs' text (one code cell) and its ``earlyexit`` metadata."""
+    """The notebook ``page`` reduced to its glue outputs' text (:func:`~earlyexit.book.consistency.glued`, one code
+    cell) and its ``earlyexit`` metadata."""
     nb = json.loads(Path(page).read_text())
-    outs = []
-    for c in nb.get("cells", []):
-        for o in c.get("outputs", []):
-            md = o.get("metadata", {}).get("scrapbook")
-            if not md:
-                continue
-            prefix = md.get("mime_prefix", "")
-            d = o.get("data", {})
-            v = d.get(prefix + TEXT, d.get(TEXT, ""))
-            outs.append({"output_type": "display_data", "metadata": {"scrapbook": dict(md)},
-                         "data": {prefix + TEXT: "".join(v) if isinstance(v, list) else v}})
+    outs = [{"output_type": "display_data", "metadata": {"scrapbook": {"name": k, "mime_prefix": ""}},
+             "data": {"text/plain": v}} for k, v in glued(page).items()]
     return {"nbformat": nb.get("nbformat", 4), "nbformat_minor": nb.get("nbformat_minor", 5),
             "metadata": {"earlyexit": page_record(page)},
             "cells": [{"cell_type": "code", "execution_count": None, "id": "glued", "metadata": {},
